@@ -1,0 +1,87 @@
+//! How the engine classifies an expression node: which rule differentiates it,
+//! whether derivatives flow through it at all, and through which arguments.
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::Result;
+use datafusion::logical_expr::{Expr, Volatility};
+
+use super::graph::is_arithmetic;
+use crate::error::{fail, ErrorKind, GradError};
+
+/// The rule-table key of a node that derivatives flow through.
+pub fn rule_key(shell: &Expr) -> Result<String> {
+    match shell {
+        Expr::ScalarFunction(f) => Ok(f.func.name().to_string()),
+        Expr::BinaryExpr(b) => Ok(b.op.to_string()),
+        Expr::Negative(_) => Ok("negate".into()),
+        Expr::Cast(_) => Ok("cast".into()),
+        Expr::TryCast(_) => Ok("try_cast".into()),
+        Expr::Case(_) => Ok("case".into()),
+        Expr::AggregateFunction(a) => fail(
+            ErrorKind::NeedsPlanContext,
+            format!(
+                "the aggregate `{}` depends on the variable; differentiate inside it \
+                 (e.g. avg(grad(f, x))) or through it with the plan rule",
+                a.func.name()
+            ),
+        ),
+        Expr::WindowFunction(_) => fail(
+            ErrorKind::NeedsPlanContext,
+            "a window function depends on the variable; put the marker inside its argument",
+        ),
+        other => Err(GradError::non_differentiable(
+            other.variant_name(),
+            "this kind of expression has no derivative rule",
+        )
+        .into()),
+    }
+}
+
+/// Whether derivatives stop at this node: its value is boolean, or piecewise
+/// constant (a cast to an integer or decimal type), or a constant leaf.
+pub fn blocks(shell: &Expr) -> bool {
+    match shell {
+        Expr::BinaryExpr(b) => !is_arithmetic(b.op),
+        Expr::Cast(c) => !is_float(c.field.data_type()),
+        Expr::TryCast(c) => !is_float(c.field.data_type()),
+        Expr::ScalarFunction(_)
+        | Expr::Negative(_)
+        | Expr::Case(_)
+        | Expr::Alias(_)
+        | Expr::AggregateFunction(_)
+        | Expr::WindowFunction(_) => false,
+        _ => true,
+    }
+}
+
+/// Whether argument `i` of this node is differentiated (`CASE` conditions and
+/// a simple `CASE`'s operand are not).
+pub fn differentiated(shell: &Expr, i: usize) -> bool {
+    match shell {
+        Expr::Case(case) => {
+            let start = usize::from(case.expr.is_some());
+            i >= start && ((i - start) % 2 == 1 || i - start == 2 * case.when_then_expr.len())
+        }
+        _ => true,
+    }
+}
+
+/// Refuses volatile functions: their derivative would be evaluated with
+/// different random values than `f`.
+pub fn check_volatility(shell: &Expr) -> Result<()> {
+    if let Expr::ScalarFunction(f) = shell {
+        if f.func.signature().volatility == Volatility::Volatile {
+            return Err(GradError::non_differentiable(
+                f.func.name(),
+                "it is volatile, so a derivative cannot see the values f saw",
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Whether `t` is a floating-point type.
+pub fn is_float(t: &DataType) -> bool {
+    matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
+}

@@ -1,0 +1,116 @@
+//! Typed errors of datafusion-grad.
+//!
+//! Every refusal is a [`GradError`] wrapped in
+//! [`DataFusionError::External`], so callers can downcast it and match on its
+//! [`ErrorKind`] whose [`ErrorKind::name`] is stable.
+//!
+//! ```
+//! use datafusion::error::DataFusionError;
+//! use datafusion_grad::{GradError, ErrorKind};
+//!
+//! let err: DataFusionError = GradError::non_differentiable("random", "it is volatile").into();
+//! let grad_err = GradError::find(&err).unwrap();
+//! assert_eq!(grad_err.kind(), ErrorKind::NonDifferentiable);
+//! assert!(err.to_string().contains("random"));
+//! ```
+
+use std::fmt;
+
+use datafusion::error::DataFusionError;
+
+/// The stable category of a [`GradError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// `f` calls a function or operator that has no derivative rule, or is volatile.
+    NonDifferentiable,
+    /// A `wrt` argument is not a column of the input (or is repeated).
+    InvalidWrt,
+    /// A marker was called with the wrong number of arguments.
+    WrongArity,
+    /// `f` depends on an aggregate, window or subquery output, which needs the plan rule.
+    NeedsPlanContext,
+    /// A `grad`/`jvp`/`vjp` call was not rewritten before execution.
+    MarkerReachedExecution,
+    /// An argument has a type that cannot be differentiated (e.g. a string).
+    UnsupportedType,
+}
+
+impl ErrorKind {
+    /// Stable machine-readable name of the kind, e.g. `"non_differentiable"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::NonDifferentiable => "non_differentiable",
+            ErrorKind::InvalidWrt => "invalid_wrt",
+            ErrorKind::WrongArity => "wrong_arity",
+            ErrorKind::NeedsPlanContext => "needs_plan_context",
+            ErrorKind::MarkerReachedExecution => "marker_reached_execution",
+            ErrorKind::UnsupportedType => "unsupported_type",
+        }
+    }
+}
+
+/// An error raised while differentiating SQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GradError {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl GradError {
+    /// A new error of `kind` with a human-readable `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// `function` has no derivative rule (or may not be differentiated), for `reason`.
+    pub fn non_differentiable(function: &str, reason: &str) -> Self {
+        Self::new(
+            ErrorKind::NonDifferentiable,
+            format!("cannot differentiate through `{function}`: {reason}"),
+        )
+    }
+
+    /// The category of this error.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind prefix.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Finds a [`GradError`] inside a (possibly wrapped) [`DataFusionError`].
+    pub fn find(err: &DataFusionError) -> Option<&GradError> {
+        match err {
+            DataFusionError::External(e) => e.downcast_ref::<GradError>(),
+            DataFusionError::Context(_, inner) => GradError::find(inner),
+            DataFusionError::Shared(inner) => GradError::find(inner),
+            DataFusionError::Diagnostic(_, inner) => GradError::find(inner),
+            DataFusionError::Collection(errs) => errs.iter().find_map(GradError::find),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for GradError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}] {}", self.kind.name(), self.message)
+    }
+}
+
+impl std::error::Error for GradError {}
+
+impl From<GradError> for DataFusionError {
+    fn from(err: GradError) -> Self {
+        DataFusionError::External(Box::new(err))
+    }
+}
+
+/// Shorthand: a `Result` that fails with a [`GradError`] of `kind`.
+pub(crate) fn fail<T>(kind: ErrorKind, message: impl Into<String>) -> datafusion::error::Result<T> {
+    Err(GradError::new(kind, message).into())
+}

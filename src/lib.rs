@@ -1,0 +1,106 @@
+//! # datafusion-grad: differentiable SQL on Apache DataFusion
+//!
+//! `grad(f, x)`, `jvp(f, x, t)` and `vjp(f, x, u)` are SQL functions that
+//! rewrite themselves into their derivative while DataFusion plans the query,
+//! so they work in every query shape: recursive CTEs (a whole gradient descent
+//! in one query), DML, views, subqueries, and the DataFrame API.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> datafusion::error::Result<()> {
+//! let ctx = datafusion_grad::session_context();
+//! let batches = ctx
+//!     .sql("SELECT grad(x * x * y, x) AS d FROM (VALUES (3.0, 2.0)) AS t(x, y)")
+//!     .await?
+//!     .collect()
+//!     .await?;
+//! let d = batches[0].column(0).as_any()
+//!     .downcast_ref::<datafusion::arrow::array::Float64Array>().unwrap();
+//! assert_eq!(d.value(0), 12.0); // 2·x·y
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Architecture: [`rules`] is the table of derivative rules (one entry per
+//! primitive), [`engine`] differentiates an expression over a hash-consed DAG
+//! with those rules, [`marker`] holds the SQL functions whose `simplify` calls
+//! the engine, and [`analyzer`] (with [`lineage`]) handles what needs plan
+//! context. Errors are typed ([`GradError`]).
+
+pub mod analyzer;
+pub mod engine;
+pub mod error;
+pub mod lineage;
+pub mod marker;
+pub mod rules;
+
+use std::sync::{Arc, RwLock};
+
+use datafusion::error::Result;
+use datafusion::execution::context::SessionConfig;
+use datafusion::execution::FunctionRegistry;
+use datafusion::logical_expr::ScalarUDF;
+use datafusion::prelude::SessionContext;
+
+pub use error::{ErrorKind, GradError};
+pub use rules::{Call, DerivativeRule, Partial, Rules};
+
+use analyzer::GradAnalyzer;
+use marker::{Marker, MarkerKind, SharedRules};
+
+/// Installs `grad`, `jvp`, `vjp` and the analyzer rule into `ctx`, with the
+/// built-in derivative rules.
+pub fn register(ctx: &SessionContext) {
+    register_with_rules(ctx, Rules::builtin());
+}
+
+/// Installs everything into `ctx` with a custom rule table.
+pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
+    let rules: SharedRules = Arc::new(RwLock::new(rules));
+    for kind in [MarkerKind::Grad, MarkerKind::Jvp, MarkerKind::Vjp] {
+        ctx.register_udf(ScalarUDF::new_from_impl(Marker::new(kind, Arc::clone(&rules))));
+    }
+    ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
+}
+
+/// A new [`SessionContext`] with everything installed.
+pub fn session_context() -> SessionContext {
+    session_context_with_config(SessionConfig::new())
+}
+
+/// A new [`SessionContext`] with `config` and everything installed.
+pub fn session_context_with_config(config: SessionConfig) -> SessionContext {
+    let ctx = SessionContext::new_with_config(config);
+    register(&ctx);
+    ctx
+}
+
+/// Adds a derivative rule for the function `name` (e.g. your own scalar UDF)
+/// to the rules used by `ctx`'s markers — the equivalent of JAX's `custom_jvp`.
+///
+/// ```
+/// use datafusion::prelude::*;
+/// use datafusion_grad::{Call, Partial};
+///
+/// let ctx = datafusion_grad::session_context();
+/// // d/du sin(u) written by hand (replacing the built-in rule)
+/// datafusion_grad::register_rule(&ctx, "sin", |c: &Call| Ok(vec![Partial::Value(cos(c.arg(0)))]))
+///     .unwrap();
+/// ```
+pub fn register_rule(
+    ctx: &SessionContext,
+    name: &str,
+    rule: impl DerivativeRule + 'static,
+) -> Result<()> {
+    let udf = ctx.udf("grad")?;
+    let marker = udf
+        .inner()
+        .downcast_ref::<Marker>()
+        .ok_or_else(|| GradError::new(ErrorKind::InvalidWrt, "grad is not datafusion-grad's"))?;
+    marker
+        .rules()
+        .write()
+        .expect("rule table lock")
+        .insert(name, rule);
+    Ok(())
+}

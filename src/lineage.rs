@@ -1,0 +1,324 @@
+//! Column lineage: where the value of a column visible at a plan node comes
+//! from, looking down through projections, aliases, filters, sorts, limits,
+//! joins and group keys.
+//!
+//! The analyzer rule uses it to differentiate through *derived columns*: in
+//! `WITH v AS (SELECT x, sin(x) AS s FROM t) SELECT grad(s * x, x) FROM v`, the
+//! column `s` is replaced by its definition `sin(x)` (written in the columns
+//! visible at the marker), so the result is the total derivative
+//! `cos(x)·x + sin(x)`. When the variable is itself a derived column it is
+//! the variable: its definition is held fixed (a partial derivative).
+
+use std::collections::HashMap;
+
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema};
+use datafusion::error::Result;
+use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan};
+
+use crate::error::{fail, ErrorKind};
+
+/// The identity of a value: the plan node that defines it, and its index there.
+type Identity = (usize, usize);
+
+/// Where a column's value comes from.
+enum Origin<'p> {
+    /// Computed by `expr` over `input` in a projection.
+    Derived {
+        id: Identity,
+        expr: &'p Expr,
+        input: &'p LogicalPlan,
+    },
+    /// An output of an aggregate or window function.
+    Aggregated { name: String },
+    /// Any other value (a table column, a constant scan, a set operation, …).
+    Base { id: Identity },
+}
+
+impl Origin<'_> {
+    fn id(&self) -> Option<Identity> {
+        match self {
+            Origin::Derived { id, .. } | Origin::Base { id } => Some(*id),
+            Origin::Aggregated { .. } => None,
+        }
+    }
+}
+
+/// Follows column `idx` of `plan` down to its origin.
+fn trace(mut plan: &LogicalPlan, mut idx: usize) -> Result<Origin<'_>> {
+    loop {
+        let id = (plan as *const LogicalPlan as usize, idx);
+        let next: &LogicalPlan = match plan {
+            LogicalPlan::Projection(p) => match unalias(&p.expr[idx]) {
+                Expr::Column(c) => {
+                    idx = p.input.schema().index_of_column(c)?;
+                    &p.input
+                }
+                expr => {
+                    return Ok(Origin::Derived {
+                        id,
+                        expr,
+                        input: &p.input,
+                    })
+                }
+            },
+            LogicalPlan::SubqueryAlias(s) => &s.input,
+            LogicalPlan::Filter(f) => &f.input,
+            LogicalPlan::Sort(s) => &s.input,
+            LogicalPlan::Limit(l) => &l.input,
+            LogicalPlan::Repartition(r) => &r.input,
+            LogicalPlan::Distinct(Distinct::All(input)) => input,
+            LogicalPlan::Join(j) => {
+                let left = j.left.schema().fields().len();
+                match j.join_type {
+                    JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full => {
+                        if idx < left {
+                            &j.left
+                        } else {
+                            idx -= left;
+                            &j.right
+                        }
+                    }
+                    JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark if idx < left => {
+                        &j.left
+                    }
+                    JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark
+                        if idx < j.right.schema().fields().len() =>
+                    {
+                        &j.right
+                    }
+                    _ => return Ok(Origin::Base { id }),
+                }
+            }
+            LogicalPlan::Aggregate(a) => {
+                if idx >= a.group_expr.len() {
+                    let name = a.schema.field(idx).name().clone();
+                    return Ok(Origin::Aggregated { name });
+                }
+                match unalias(&a.group_expr[idx]) {
+                    Expr::Column(c) => {
+                        idx = a.input.schema().index_of_column(c)?;
+                        &a.input
+                    }
+                    _ => return Ok(Origin::Base { id }),
+                }
+            }
+            LogicalPlan::Window(w) => {
+                if idx >= w.input.schema().fields().len() {
+                    let name = w.schema.field(idx).name().clone();
+                    return Ok(Origin::Aggregated { name });
+                }
+                &w.input
+            }
+            _ => return Ok(Origin::Base { id }),
+        };
+        plan = next;
+    }
+}
+
+fn unalias(e: &Expr) -> &Expr {
+    match e {
+        Expr::Alias(a) => unalias(&a.expr),
+        e => e,
+    }
+}
+
+/// The inputs of one plan node, seen as one schema (a join's two sides side by side).
+pub struct Scope<'p> {
+    inputs: Vec<&'p LogicalPlan>,
+    schema: DFSchema,
+    visible: HashMap<Identity, Column>,
+}
+
+impl<'p> Scope<'p> {
+    /// The scope of the expressions of a node with these inputs.
+    pub fn new(inputs: Vec<&'p LogicalPlan>) -> Result<Self> {
+        let mut schema = DFSchema::empty();
+        for input in &inputs {
+            schema = if schema.fields().is_empty() {
+                input.schema().as_ref().clone()
+            } else {
+                schema.join(input.schema())?
+            };
+        }
+        let mut scope = Self {
+            inputs,
+            schema,
+            visible: HashMap::new(),
+        };
+        for i in 0..scope.schema.fields().len() {
+            if let Some(id) = scope.origin(i)?.id() {
+                let column = Column::from(scope.schema.qualified_field(i));
+                scope.visible.entry(id).or_insert(column);
+            }
+        }
+        Ok(scope)
+    }
+
+    /// The merged schema of the inputs.
+    pub fn schema(&self) -> &DFSchema {
+        &self.schema
+    }
+
+    fn origin(&self, mut idx: usize) -> Result<Origin<'p>> {
+        for input in &self.inputs {
+            let n = input.schema().fields().len();
+            if idx < n {
+                return trace(input, idx);
+            }
+            idx -= n;
+        }
+        unreachable!("index within the merged schema")
+    }
+
+    /// `f` with every derived column that depends on a variable in `wrt`
+    /// replaced by its definition. Refuses `f` when it depends on an
+    /// aggregate or window output (that needs the aggregate rule).
+    pub fn inline(&self, f: Expr, wrt: &[Column]) -> Result<Transformed<Expr>> {
+        let mut wrt_ids = HashMap::new();
+        for c in wrt {
+            if let Ok(idx) = self.schema.index_of_column(c) {
+                if let Some(id) = self.origin(idx)?.id() {
+                    wrt_ids.insert(id, c.clone());
+                }
+            }
+        }
+        let inliner = Inliner {
+            scope: self,
+            wrt: &wrt_ids,
+        };
+        f.transform_up(|e| match &e {
+            Expr::Column(c) => {
+                let origin = self.origin(self.schema.index_of_column(c)?)?;
+                inliner.resolve(&origin, c, true)
+            }
+            Expr::ScalarSubquery(sq) => {
+                inliner.check_subquery(&sq.outer_ref_columns)?;
+                Ok(Transformed::no(e))
+            }
+            _ => Ok(Transformed::no(e)),
+        })
+    }
+}
+
+struct Inliner<'s, 'p> {
+    scope: &'s Scope<'p>,
+    wrt: &'s HashMap<Identity, Column>,
+}
+
+impl Inliner<'_, '_> {
+    /// The expression that stands for a column of origin `origin` at the scope;
+    /// `here` is the column if it is itself visible at the scope.
+    fn resolve(&self, origin: &Origin, here: &Column, at_top: bool) -> Result<Transformed<Expr>> {
+        if let Some(id) = origin.id() {
+            if let Some(w) = self.wrt.get(&id) {
+                return Ok(Transformed::new_transformed(Expr::Column(w.clone()), !at_top));
+            }
+        }
+        match origin {
+            Origin::Aggregated { name } => fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "the differentiated expression depends on `{name}`, an aggregate or window \
+                     output; differentiating through aggregates is not supported yet: put the \
+                     marker inside the aggregate instead, e.g. avg(grad(f, x))"
+                ),
+            ),
+            Origin::Derived { expr, input, .. } if self.depends(expr, input)? => {
+                Ok(Transformed::yes(self.inline_definition(expr, input, here)?))
+            }
+            _ if at_top => Ok(Transformed::no(Expr::Column(here.clone()))),
+            Origin::Derived { id, expr, input } => match self.scope.visible.get(id) {
+                Some(c) => Ok(Transformed::yes(Expr::Column(c.clone()))),
+                None => Ok(Transformed::yes(self.inline_definition(expr, input, here)?)),
+            },
+            Origin::Base { id } => match self.scope.visible.get(id) {
+                Some(c) => Ok(Transformed::yes(Expr::Column(c.clone()))),
+                None => fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "a derived column depends on the variable through `{here}`, which is \
+                         not visible where the derivative is taken; select `{here}` in the \
+                         subquery, view or CTE that defines the derived column"
+                    ),
+                ),
+            },
+        }
+    }
+
+    /// `expr` (a definition over `input`) written in the scope's columns.
+    fn inline_definition(&self, expr: &Expr, input: &LogicalPlan, name: &Column) -> Result<Expr> {
+        let mut has_subquery = false;
+        expr.apply(|e| {
+            has_subquery |= matches!(e, Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_));
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if has_subquery {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!("the derived column `{name}` contains a subquery and cannot be moved"),
+            );
+        }
+        Ok(expr
+            .clone()
+            .transform_up(|e| match &e {
+                Expr::Column(c) => {
+                    let origin = trace(input, input.schema().index_of_column(c)?)?;
+                    self.resolve(&origin, c, false)
+                }
+                _ => Ok(Transformed::no(e)),
+            })?
+            .data)
+    }
+
+    /// Whether `expr` over `input` depends on a variable; refuses aggregate outputs.
+    fn depends(&self, expr: &Expr, input: &LogicalPlan) -> Result<bool> {
+        let mut found = false;
+        let mut failure = None;
+        expr.apply(|e| {
+            if let Expr::Column(c) = e {
+                let result = input
+                    .schema()
+                    .index_of_column(c)
+                    .and_then(|i| trace(input, i))
+                    .and_then(|origin| match &origin {
+                        Origin::Aggregated { .. } => self.resolve(&origin, c, false).map(|_| false),
+                        Origin::Derived { id, expr, input } => Ok(self.wrt.contains_key(id)
+                            || self.depends(expr, input)?),
+                        Origin::Base { id } => Ok(self.wrt.contains_key(id)),
+                    });
+                match result {
+                    Ok(true) => found = true,
+                    Ok(false) => {}
+                    Err(e) => {
+                        failure = Some(e);
+                        return Ok(TreeNodeRecursion::Stop);
+                    }
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(found),
+        }
+    }
+
+    /// Refuses a scalar subquery correlated with a variable.
+    fn check_subquery(&self, outer_refs: &[Expr]) -> Result<()> {
+        for r in outer_refs {
+            if let Expr::OuterReferenceColumn(_, c) = r {
+                if self.wrt.values().any(|w| w == c) {
+                    return fail(
+                        ErrorKind::NeedsPlanContext,
+                        format!(
+                            "a scalar subquery depends on the variable `{c}` through an outer \
+                             reference; differentiating through subqueries is not supported yet"
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}

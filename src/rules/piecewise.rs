@@ -1,0 +1,125 @@
+//! Rules for piecewise functions: selections (`CASE`, `coalesce`, `nullif`,
+//! `nanvl`, `greatest`, `least`), `abs`, the piecewise-constant functions, and
+//! `CAST`.
+//!
+//! Conventions (the same as JAX's): `abs'(0) = 1`; `signum' = 0`;
+//! `floor`, `ceil`, `round`, `trunc` have derivative 0; at a tie of
+//! `greatest`/`least` each tied argument gets an equal share (0.5 for two).
+//! `CASE` conditions are not differentiated: the derivative is that of the
+//! branch taken. A `CAST` to a float type is the identity; casts to integer or
+//! decimal types are piecewise constant and never reach these rules (the engine
+//! treats them as constants, derivative 0).
+
+use datafusion::error::Result;
+use datafusion::functions::math::expr_fn::isnan;
+use datafusion::logical_expr::{when, Case, Expr};
+
+use super::{null, num, Call, Partial, RuleEntry};
+
+/// The piecewise rules.
+pub const RULES: &[RuleEntry] = &[
+    ("abs", abs),
+    ("signum", zero),
+    ("floor", zero),
+    ("ceil", zero),
+    ("round", zero),
+    ("trunc", zero),
+    ("greatest", extremum),
+    ("least", extremum),
+    ("case", case),
+    ("coalesce", coalesce),
+    ("nullif", |_| Ok(vec![Partial::Value(num(1.0)), Partial::Zero])),
+    ("nanvl", nanvl),
+    ("cast", |_| Ok(vec![Partial::Value(num(1.0))])),
+    ("try_cast", |_| Ok(vec![Partial::Value(num(1.0))])),
+];
+
+fn zero(c: &Call) -> Result<Vec<Partial>> {
+    Ok(vec![Partial::Zero; c.arity()])
+}
+
+fn abs(c: &Call) -> Result<Vec<Partial>> {
+    Ok(vec![Partial::Value(
+        when(c.arg(0).lt(num(0.0)), num(-1.0)).otherwise(num(1.0))?,
+    )])
+}
+
+/// `greatest`/`least`: 1/k for each of the k arguments equal to the output.
+fn extremum(c: &Call) -> Result<Vec<Partial>> {
+    let hits = (0..c.arity())
+        .map(|j| when(c.arg(j).eq(c.out()), num(1.0)).otherwise(num(0.0)))
+        .collect::<Result<Vec<_>>>()?;
+    let count = hits
+        .into_iter()
+        .reduce(|a, b| a + b)
+        .expect("greatest/least have at least one argument");
+    (0..c.arity())
+        .map(|i| {
+            Ok(Partial::Selected(
+                when(c.arg(i).eq(c.out()), num(1.0) / count.clone()).end()?,
+            ))
+        })
+        .collect()
+}
+
+/// `CASE`: the branch taken gets 1, the others are not selected; conditions
+/// (and a simple CASE's operand) get no derivative.
+fn case(c: &Call) -> Result<Vec<Partial>> {
+    let Expr::Case(shape) = c.out() else {
+        return Ok(vec![Partial::Zero; c.arity()]);
+    };
+    let branches = shape.when_then_expr.len() + usize::from(shape.else_expr.is_some());
+    let indicator = |taken: usize| {
+        let when_then = shape
+            .when_then_expr
+            .iter()
+            .enumerate()
+            .map(|(k, (w, _))| {
+                let value = if k == taken { num(1.0) } else { null() };
+                (w.clone(), Box::new(value))
+            })
+            .collect();
+        let otherwise = shape.else_expr.as_ref().map(|_| {
+            Box::new(if taken == shape.when_then_expr.len() {
+                num(1.0)
+            } else {
+                null()
+            })
+        });
+        Expr::Case(Case::new(shape.expr.clone(), when_then, otherwise))
+    };
+    let mut partials = Vec::with_capacity(c.arity());
+    if shape.expr.is_some() {
+        partials.push(Partial::Zero);
+    }
+    for k in 0..shape.when_then_expr.len() {
+        partials.push(Partial::Zero);
+        partials.push(Partial::Selected(indicator(k)));
+    }
+    if shape.else_expr.is_some() {
+        partials.push(Partial::Selected(indicator(branches - 1)));
+    }
+    Ok(partials)
+}
+
+/// `coalesce`: the first non-NULL argument is selected.
+fn coalesce(c: &Call) -> Result<Vec<Partial>> {
+    (0..c.arity())
+        .map(|i| {
+            let mut chain = when(c.arg(0).is_not_null(), if i == 0 { num(1.0) } else { null() });
+            for j in 1..=i {
+                chain = chain.when(c.arg(j).is_not_null(), if j == i { num(1.0) } else { null() });
+            }
+            Ok(Partial::Selected(chain.end()?))
+        })
+        .collect()
+}
+
+/// `nanvl(a, b)`: `b` where `a` is NaN, else `a`.
+fn nanvl(c: &Call) -> Result<Vec<Partial>> {
+    let a_is_nan = isnan(c.arg(0));
+    Ok(vec![
+        Partial::Selected(when(a_is_nan.clone(), null()).otherwise(num(1.0))?),
+        Partial::Selected(when(a_is_nan, num(1.0)).end()?),
+    ])
+}
