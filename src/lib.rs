@@ -58,7 +58,10 @@ pub fn register(ctx: &SessionContext) {
 pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     let rules: SharedRules = Arc::new(RwLock::new(rules));
     for kind in [MarkerKind::Grad, MarkerKind::Jvp, MarkerKind::Vjp] {
-        ctx.register_udf(ScalarUDF::new_from_impl(Marker::new(kind, Arc::clone(&rules))));
+        ctx.register_udf(ScalarUDF::new_from_impl(Marker::new(
+            kind,
+            Arc::clone(&rules),
+        )));
     }
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
 }

@@ -31,14 +31,16 @@ enum Origin<'p> {
     },
     /// An output of an aggregate or window function.
     Aggregated { name: String },
-    /// Any other value (a table column, a constant scan, a set operation, …).
+    /// Any other value (a table column, a constant scan, a recursive CTE, …).
     Base { id: Identity },
+    /// A column of a set operation (`UNION`): each branch may compute it differently.
+    Mixed { id: Identity },
 }
 
 impl Origin<'_> {
     fn id(&self) -> Option<Identity> {
         match self {
-            Origin::Derived { id, .. } | Origin::Base { id } => Some(*id),
+            Origin::Derived { id, .. } | Origin::Base { id } | Origin::Mixed { id } => Some(*id),
             Origin::Aggregated { .. } => None,
         }
     }
@@ -110,6 +112,7 @@ fn trace(mut plan: &LogicalPlan, mut idx: usize) -> Result<Origin<'_>> {
                 }
                 &w.input
             }
+            LogicalPlan::Union(_) => return Ok(Origin::Mixed { id }),
             _ => return Ok(Origin::Base { id }),
         };
         plan = next;
@@ -212,9 +215,13 @@ impl Inliner<'_, '_> {
     fn resolve(&self, origin: &Origin, here: &Column, at_top: bool) -> Result<Transformed<Expr>> {
         if let Some(id) = origin.id() {
             if let Some(w) = self.wrt.get(&id) {
-                return Ok(Transformed::new_transformed(Expr::Column(w.clone()), !at_top));
+                return Ok(Transformed::new_transformed(
+                    Expr::Column(w.clone()),
+                    !at_top,
+                ));
             }
         }
+        self.check_mixed(origin, here)?;
         match origin {
             Origin::Aggregated { name } => fail(
                 ErrorKind::NeedsPlanContext,
@@ -232,7 +239,7 @@ impl Inliner<'_, '_> {
                 Some(c) => Ok(Transformed::yes(Expr::Column(c.clone()))),
                 None => Ok(Transformed::yes(self.inline_definition(expr, input, here)?)),
             },
-            Origin::Base { id } => match self.scope.visible.get(id) {
+            Origin::Base { id } | Origin::Mixed { id } => match self.scope.visible.get(id) {
                 Some(c) => Ok(Transformed::yes(Expr::Column(c.clone()))),
                 None => fail(
                     ErrorKind::NeedsPlanContext,
@@ -246,11 +253,31 @@ impl Inliner<'_, '_> {
         }
     }
 
+    /// Refuses a UNION column when the variable comes from the same UNION.
+    fn check_mixed(&self, origin: &Origin, here: &Column) -> Result<()> {
+        if let Origin::Mixed { id } = origin {
+            if self.wrt.keys().any(|w| w.0 == id.0) {
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "`{here}` and the variable come from the same UNION, whose branches may \
+                         compute `{here}` from the variable differently; differentiate inside \
+                         each branch of the UNION instead"
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// `expr` (a definition over `input`) written in the scope's columns.
     fn inline_definition(&self, expr: &Expr, input: &LogicalPlan, name: &Column) -> Result<Expr> {
         let mut has_subquery = false;
         expr.apply(|e| {
-            has_subquery |= matches!(e, Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_));
+            has_subquery |= matches!(
+                e,
+                Expr::ScalarSubquery(_) | Expr::Exists(_) | Expr::InSubquery(_)
+            );
             Ok(TreeNodeRecursion::Continue)
         })?;
         if has_subquery {
@@ -283,8 +310,10 @@ impl Inliner<'_, '_> {
                     .and_then(|i| trace(input, i))
                     .and_then(|origin| match &origin {
                         Origin::Aggregated { .. } => self.resolve(&origin, c, false).map(|_| false),
-                        Origin::Derived { id, expr, input } => Ok(self.wrt.contains_key(id)
-                            || self.depends(expr, input)?),
+                        Origin::Mixed { .. } => self.check_mixed(&origin, c).map(|_| false),
+                        Origin::Derived { id, expr, input } => {
+                            Ok(self.wrt.contains_key(id) || self.depends(expr, input)?)
+                        }
                         Origin::Base { id } => Ok(self.wrt.contains_key(id)),
                     });
                 match result {

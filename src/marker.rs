@@ -216,7 +216,9 @@ impl ScalarUDFImpl for Marker {
         } else {
             let names = struct_names(
                 self.kind,
-                positions.iter().map(|&p| args.arg_fields[p].name().as_str()),
+                positions
+                    .iter()
+                    .map(|&p| args.arg_fields[p].name().as_str()),
             )?;
             DataType::Struct(Fields::from(
                 names
@@ -244,7 +246,9 @@ impl ScalarUDFImpl for Marker {
     }
 
     fn simplify(&self, args: Vec<Expr>, info: &SimplifyContext) -> Result<ExprSimplifyResult> {
-        Ok(ExprSimplifyResult::Simplified(self.rewrite(&args, info.schema())?))
+        Ok(ExprSimplifyResult::Simplified(
+            self.rewrite(&args, info.schema())?,
+        ))
     }
 }
 

@@ -22,7 +22,11 @@ fn float(v: f64) -> String {
         return "NaN".into();
     }
     if v.is_infinite() {
-        return if v > 0.0 { "Infinity".into() } else { "-Infinity".into() };
+        return if v > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
     }
     let s = format!("{v:.10}");
     let s = s.trim_end_matches('0').trim_end_matches('.');
@@ -38,10 +42,18 @@ fn cell(col: &ArrayRef, row: usize) -> Result<String, DataFusionError> {
         return Ok("NULL".into());
     }
     Ok(match col.data_type() {
-        DataType::Float64 => float(col.as_any().downcast_ref::<Float64Array>().unwrap().value(row)),
-        DataType::Float32 => {
-            float(col.as_any().downcast_ref::<Float32Array>().unwrap().value(row) as f64)
-        }
+        DataType::Float64 => float(
+            col.as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap()
+                .value(row),
+        ),
+        DataType::Float32 => float(
+            col.as_any()
+                .downcast_ref::<Float32Array>()
+                .unwrap()
+                .value(row) as f64,
+        ),
         _ => ArrayFormatter::try_new(col.as_ref(), &FormatOptions::default())?
             .value(row)
             .to_string(),
@@ -68,13 +80,18 @@ impl sqllogictest::AsyncDB for Grad {
         let schema = df.schema().clone();
         let batches = df.collect().await?;
         let is_statement = schema.fields().is_empty()
-            || (schema.fields().len() == 1 && schema.field(0).name() == "count"
+            || (schema.fields().len() == 1
+                && schema.field(0).name() == "count"
                 && !sql.trim_start().to_ascii_lowercase().starts_with("select")
                 && !sql.trim_start().to_ascii_lowercase().starts_with("with"));
         if is_statement {
             return Ok(DBOutput::StatementComplete(0));
         }
-        let types = schema.fields().iter().map(|f| column_type(f.data_type())).collect();
+        let types = schema
+            .fields()
+            .iter()
+            .map(|f| column_type(f.data_type()))
+            .collect();
         let mut rows = Vec::new();
         for batch in &batches {
             for r in 0..batch.num_rows() {
@@ -103,7 +120,10 @@ impl sqllogictest::AsyncDB for Grad {
 
 #[tokio::main]
 async fn main() {
-    let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sql-tests");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("sql-tests/ exists")

@@ -1,1 +1,558 @@
-fn main(){}
+//! `dfgrad`: a command-line SQL shell for differentiable SQL on Apache DataFusion.
+//!
+//! Every session is a [`datafusion_grad::session_context`], so the `grad`,
+//! `jvp` and `vjp` SQL functions are available next to everything DataFusion
+//! offers. The flags follow `datafusion-cli`'s conventions.
+//!
+//! # Usage
+//!
+//! ```text
+//! dfgrad [OPTIONS]
+//!
+//!   -c, --command <SQL>      Run SQL (repeatable; several `;`-separated statements allowed)
+//!   -f, --file <FILE>        Run the statements in FILE (repeatable)
+//!       --format <FORMAT>    Output format: table (default), csv, json, ndjson
+//!       --table <NAME=PATH>  Register a file as table NAME (repeatable); the format is
+//!                            taken from the extension: .csv, .parquet, .json/.ndjson
+//!                            (newline-delimited JSON), .arrow/.ipc/.feather
+//!   -q, --quiet              Do not print the "N row(s) fetched. Elapsed ..." lines
+//! ```
+//!
+//! All `-c` commands run first, in order, then all `-f` files, in order. Execution
+//! stops at the first failing statement: the message is printed to stderr as
+//! `Error: <message>` and the exit status is non-zero. Statements are split at `;`,
+//! except inside quoted strings/identifiers and comments; empty statements are skipped.
+//!
+//! Without `-c` and `-f`, `dfgrad` starts an interactive shell (prompt `dfgrad> `).
+//! Input may span several lines and runs when a line ends with `;`; `\q` or `quit`
+//! exits, as does Ctrl-D. Ctrl-C clears the current input or cancels a running
+//! query. Errors are printed and the shell goes on. History is kept in memory only.
+//!
+//! Results are written to stdout. In `table` mode a summary line with the row count
+//! and elapsed time goes to stderr (unless `--quiet`); statements without result
+//! columns (e.g. `CREATE TABLE`) print no table. In `csv`, `json` and `ndjson` modes
+//! only the data is printed, and statements without result columns print nothing.
+//! (DataFusion's `INSERT` returns a one-row `count` result, which is printed.)
+//!
+//! # Examples
+//!
+//! ```text
+//! $ dfgrad -c "SELECT grad(x * x, x) AS d FROM (VALUES (3.0)) t(x)"
+//! +-----+
+//! | d   |
+//! +-----+
+//! | 6.0 |
+//! +-----+
+//!
+//! $ dfgrad --format csv \
+//!     -c "CREATE TABLE t(x DOUBLE) AS VALUES (1.0), (2.0)" \
+//!     -c "SELECT x, grad(sin(x), x) AS dsin FROM t"
+//!
+//! $ dfgrad --table points=data/points.csv --format ndjson -f analysis.sql
+//!
+//! $ dfgrad
+//! dfgrad> SELECT jvp(x * y, x, 1.0)
+//!    ...> FROM (VALUES (2.0, 5.0)) t(x, y);
+//! ```
+
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use arrow::util::pretty::pretty_format_batches;
+use clap::{Parser, ValueEnum};
+use datafusion::datasource::file_format::options::ArrowReadOptions;
+use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
+use rustyline::error::ReadlineError;
+use rustyline::DefaultEditor;
+
+/// Stack size of the thread that parses, plans and differentiates statements:
+/// DataFusion recurses over expression trees, which overflows default stacks on
+/// deeply nested SQL. Only the pages actually touched are committed.
+const SHELL_STACK_SIZE: usize = 256 * 1024 * 1024;
+
+/// Stack size of the runtime's worker threads, which evaluate the (possibly
+/// deeply nested) physical expressions.
+const WORKER_STACK_SIZE: usize = 64 * 1024 * 1024;
+
+/// Prompt of the interactive shell.
+const PROMPT: &str = "dfgrad> ";
+
+/// Prompt for the continuation lines of a multi-line statement.
+const CONTINUATION_PROMPT: &str = "   ...> ";
+
+/// Any error, printed as `Error: <message>`.
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Result with the CLI's [`Error`].
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dfgrad",
+    version,
+    about = "Differentiable SQL shell on Apache DataFusion (grad, jvp and vjp SQL functions)"
+)]
+struct Args {
+    /// SQL to execute (repeatable, run in order; may hold several `;`-separated statements)
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SQL",
+        allow_hyphen_values = true
+    )]
+    commands: Vec<String>,
+
+    /// File of `;`-separated SQL statements to execute (repeatable, run in order after -c)
+    #[arg(short = 'f', long = "file", value_name = "FILE")]
+    files: Vec<PathBuf>,
+
+    /// Output format
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+
+    /// Register a file as a table (repeatable); format by extension:
+    /// .csv, .parquet, .json/.ndjson, .arrow/.ipc/.feather
+    #[arg(long = "table", value_name = "NAME=PATH", value_parser = parse_table_arg)]
+    tables: Vec<(String, PathBuf)>,
+
+    /// Do not print row counts and timings
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+/// Output format of query results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// An ASCII table
+    Table,
+    /// CSV with a header line
+    Csv,
+    /// A JSON array of objects
+    Json,
+    /// One JSON object per line
+    Ndjson,
+}
+
+/// Parses a `--table` value of the form `NAME=PATH`.
+fn parse_table_arg(value: &str) -> Result<(String, PathBuf), String> {
+    match value.split_once('=') {
+        Some((name, path)) if !name.trim().is_empty() && !path.is_empty() => {
+            Ok((name.trim().to_string(), PathBuf::from(path)))
+        }
+        _ => Err(format!("expected NAME=PATH, got '{value}'")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // Run everything on a thread with a large stack: DataFusion recurses over
+    // expression trees, which overflows default stacks on deeply nested SQL.
+    let shell = std::thread::Builder::new()
+        .name("dfgrad".to_string())
+        .stack_size(SHELL_STACK_SIZE)
+        .spawn(move || run(args));
+    let outcome = match shell {
+        Ok(handle) => match handle.join() {
+            Ok(outcome) => outcome,
+            // The panic message has already been printed by the panic hook.
+            Err(_) => return ExitCode::FAILURE,
+        },
+        Err(e) => Err(e.into()),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Builds the Tokio runtime (what `#[tokio::main]` would build, but with large
+/// worker stacks, since query execution also recurses over expressions) and runs
+/// the CLI on it.
+fn run(args: Args) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(WORKER_STACK_SIZE)
+        .build()?;
+    runtime.block_on(run_async(args))
+}
+
+/// Registers the `--table`s, then runs the `-c` commands and `-f` files, or the
+/// interactive shell when there are none.
+async fn run_async(args: Args) -> Result<()> {
+    let ctx = datafusion_grad::session_context();
+    for (name, path) in &args.tables {
+        register_table(&ctx, name, path).await?;
+    }
+    let printer = Printer {
+        format: args.format,
+        quiet: args.quiet,
+    };
+    if args.commands.is_empty() && args.files.is_empty() {
+        return repl(&ctx, printer).await;
+    }
+    for command in &args.commands {
+        run_statements(&ctx, printer, command).await?;
+    }
+    for file in &args.files {
+        let sql = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read '{}': {e}", file.display()))?;
+        run_statements(&ctx, printer, &sql).await?;
+    }
+    Ok(())
+}
+
+/// The file formats `--table` can register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TableFormat {
+    Csv,
+    Parquet,
+    Json,
+    Arrow,
+}
+
+impl TableFormat {
+    /// The format of a file with extension `ext` (without the dot, any case).
+    fn from_extension(ext: &str) -> Option<Self> {
+        match ext.to_ascii_lowercase().as_str() {
+            "csv" => Some(Self::Csv),
+            "parquet" => Some(Self::Parquet),
+            "json" | "ndjson" => Some(Self::Json),
+            "arrow" | "ipc" | "feather" => Some(Self::Arrow),
+            _ => None,
+        }
+    }
+}
+
+/// Registers the file at `path` as table `name`, choosing the reader by extension.
+async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    let format = TableFormat::from_extension(ext).ok_or_else(|| {
+        format!(
+            "cannot register table '{name}' from '{}': unsupported file extension '{ext}' \
+             (expected .csv, .parquet, .json, .ndjson, .arrow, .ipc or .feather)",
+            path.display()
+        )
+    })?;
+    let location = path
+        .to_str()
+        .ok_or_else(|| format!("path '{}' is not valid UTF-8", path.display()))?;
+    // Readers only pick files with their configured extension, so use the real one.
+    let file_extension = format!(".{ext}");
+    let registered = match format {
+        TableFormat::Csv => {
+            let options = CsvReadOptions::new()
+                .has_header(true)
+                .file_extension(&file_extension);
+            ctx.register_csv(name, location, options).await
+        }
+        TableFormat::Parquet => {
+            let options = ParquetReadOptions::default().file_extension(&file_extension);
+            ctx.register_parquet(name, location, options).await
+        }
+        TableFormat::Json => {
+            let options = JsonReadOptions::default().file_extension(&file_extension);
+            ctx.register_json(name, location, options).await
+        }
+        TableFormat::Arrow => {
+            let options = ArrowReadOptions {
+                file_extension: &file_extension,
+                ..Default::default()
+            };
+            ctx.register_arrow(name, location, options).await
+        }
+    };
+    registered.map_err(|e| {
+        format!(
+            "cannot register table '{name}' from '{}': {e}",
+            path.display()
+        )
+    })?;
+    Ok(())
+}
+
+/// Splits `sql` into statements at `;`, ignoring `;` inside single-quoted
+/// strings, double-quoted identifiers, `--` line comments and `/* */` block
+/// comments. Statements are trimmed; those holding only whitespace and comments
+/// are dropped.
+fn split_statements(sql: &str) -> Vec<String> {
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum State {
+        Normal,
+        SingleQuoted,
+        DoubleQuoted,
+        LineComment,
+        BlockComment,
+    }
+
+    let mut statements = Vec::new();
+    let mut current = String::new();
+    // Whether `current` holds anything besides whitespace and comments.
+    let mut has_content = false;
+    let mut state = State::Normal;
+    let mut chars = sql.chars().peekable();
+
+    while let Some(c) = chars.next() {
+        match state {
+            State::Normal => match c {
+                ';' => {
+                    if has_content {
+                        statements.push(current.trim().to_string());
+                    }
+                    current.clear();
+                    has_content = false;
+                    continue;
+                }
+                '\'' => {
+                    state = State::SingleQuoted;
+                    has_content = true;
+                }
+                '"' => {
+                    state = State::DoubleQuoted;
+                    has_content = true;
+                }
+                '-' if chars.peek() == Some(&'-') => {
+                    current.push(c);
+                    current.extend(chars.next());
+                    state = State::LineComment;
+                    continue;
+                }
+                '/' if chars.peek() == Some(&'*') => {
+                    current.push(c);
+                    current.extend(chars.next());
+                    state = State::BlockComment;
+                    continue;
+                }
+                c if !c.is_whitespace() => has_content = true,
+                _ => {}
+            },
+            // A doubled quote ('' or "") leaves and re-enters the quoted state.
+            State::SingleQuoted if c == '\'' => state = State::Normal,
+            State::DoubleQuoted if c == '"' => state = State::Normal,
+            State::LineComment if c == '\n' => state = State::Normal,
+            State::BlockComment if c == '*' && chars.peek() == Some(&'/') => {
+                current.push(c);
+                current.extend(chars.next());
+                state = State::Normal;
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    if has_content {
+        statements.push(current.trim().to_string());
+    }
+    statements
+}
+
+/// Runs every statement of `sql` in order, stopping at the first error.
+async fn run_statements(ctx: &SessionContext, printer: Printer, sql: &str) -> Result<()> {
+    for statement in split_statements(sql) {
+        run_statement(ctx, printer, &statement).await?;
+    }
+    Ok(())
+}
+
+/// Plans, executes and prints a single statement.
+async fn run_statement(ctx: &SessionContext, printer: Printer, sql: &str) -> Result<()> {
+    let start = Instant::now();
+    let df = ctx.sql(sql).await?;
+    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    let batches = df.collect().await?;
+    printer.print(&schema, &batches, start)
+}
+
+/// Writes query results to stdout (and the summary line to stderr).
+#[derive(Debug, Clone, Copy)]
+struct Printer {
+    format: Format,
+    quiet: bool,
+}
+
+impl Printer {
+    /// Prints `batches` of a statement started at `start`.
+    fn print(&self, schema: &SchemaRef, batches: &[RecordBatch], start: Instant) -> Result<()> {
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        let mut out = io::stdout().lock();
+        if !schema.fields().is_empty() {
+            // Without batches, print an empty one so the header still appears.
+            let empty;
+            let batches = if batches.is_empty() {
+                empty = [RecordBatch::new_empty(Arc::clone(schema))];
+                &empty[..]
+            } else {
+                batches
+            };
+            write_batches(&mut out, self.format, batches)?;
+        }
+        out.flush()?;
+        if self.format == Format::Table && !self.quiet {
+            eprintln!(
+                "{rows} row(s) fetched. Elapsed {:.3} seconds.",
+                start.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Writes non-empty `batches` to `out` in `format`.
+fn write_batches(out: &mut impl Write, format: Format, batches: &[RecordBatch]) -> Result<()> {
+    match format {
+        Format::Table => writeln!(out, "{}", pretty_format_batches(batches)?)?,
+        Format::Csv => {
+            let mut writer = arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut *out);
+            for batch in batches {
+                writer.write(batch)?;
+            }
+        }
+        Format::Json => {
+            let mut writer = arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow::json::writer::JsonArray>(&mut *out);
+            for batch in batches {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+            drop(writer);
+            writeln!(out)?;
+        }
+        Format::Ndjson => {
+            let mut writer = arrow::json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow::json::writer::LineDelimited>(&mut *out);
+            for batch in batches {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+        }
+    }
+    Ok(())
+}
+
+/// What the shell read.
+#[derive(Debug)]
+enum ReplInput {
+    /// A complete statement (or several), ending with `;`.
+    Sql(String),
+    /// `\q`, `quit` or end of input.
+    Quit,
+}
+
+/// Reads lines until one ends with `;` (or the user quits).
+fn read_statement(editor: &mut DefaultEditor) -> Result<ReplInput> {
+    let mut buffer = String::new();
+    loop {
+        let prompt = if buffer.is_empty() {
+            PROMPT
+        } else {
+            CONTINUATION_PROMPT
+        };
+        match editor.readline(prompt) {
+            Ok(line) => {
+                let trimmed = line.trim();
+                if buffer.is_empty() {
+                    if trimmed.is_empty() {
+                        continue;
+                    }
+                    if matches!(trimmed, "\\q" | "quit" | "quit;") {
+                        return Ok(ReplInput::Quit);
+                    }
+                }
+                if !buffer.is_empty() {
+                    buffer.push('\n');
+                }
+                buffer.push_str(&line);
+                if trimmed.ends_with(';') {
+                    editor.add_history_entry(buffer.as_str())?;
+                    return Ok(ReplInput::Sql(buffer));
+                }
+            }
+            // Ctrl-C: drop the current input and start over.
+            Err(ReadlineError::Interrupted) => {
+                buffer.clear();
+            }
+            Err(ReadlineError::Eof) => return Ok(ReplInput::Quit),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The interactive shell: errors are printed and the shell goes on.
+async fn repl(ctx: &SessionContext, printer: Printer) -> Result<()> {
+    let mut editor = DefaultEditor::new()?;
+    loop {
+        let sql = match read_statement(&mut editor)? {
+            ReplInput::Sql(sql) => sql,
+            ReplInput::Quit => return Ok(()),
+        };
+        tokio::select! {
+            result = run_statements(ctx, printer, &sql) => {
+                if let Err(e) = result {
+                    eprintln!("Error: {e}");
+                }
+            }
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("^C\nQuery cancelled.");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_and_skips_empty_statements() {
+        assert_eq!(
+            split_statements("SELECT 1; ;\n SELECT 2;;"),
+            vec!["SELECT 1", "SELECT 2"]
+        );
+        assert_eq!(split_statements("SELECT 1"), vec!["SELECT 1"]);
+        assert!(split_statements("  ; -- only a comment\n /* c; */ ;").is_empty());
+    }
+
+    #[test]
+    fn ignores_semicolons_in_strings_and_comments() {
+        assert_eq!(
+            split_statements("SELECT 'a;''b'; -- x; y\nSELECT \"c;d\" /* ; */ FROM t;"),
+            vec!["SELECT 'a;''b'", "-- x; y\nSELECT \"c;d\" /* ; */ FROM t"]
+        );
+    }
+
+    #[test]
+    fn parses_table_args() {
+        assert_eq!(
+            parse_table_arg("t=data/a=b.csv").unwrap(),
+            ("t".to_string(), PathBuf::from("data/a=b.csv"))
+        );
+        assert!(parse_table_arg("nopath").is_err());
+        assert!(parse_table_arg("=x.csv").is_err());
+    }
+
+    #[test]
+    fn table_formats_by_extension() {
+        assert_eq!(TableFormat::from_extension("CSV"), Some(TableFormat::Csv));
+        assert_eq!(
+            TableFormat::from_extension("ndjson"),
+            Some(TableFormat::Json)
+        );
+        assert_eq!(
+            TableFormat::from_extension("feather"),
+            Some(TableFormat::Arrow)
+        );
+        assert_eq!(TableFormat::from_extension("txt"), None);
+    }
+}

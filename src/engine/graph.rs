@@ -31,7 +31,7 @@ pub struct Graph {
 }
 
 /// The hole that stands for a child inside a shell.
-fn hole() -> Expr {
+pub(crate) fn hole() -> Expr {
     Expr::Literal(ScalarValue::Null, None)
 }
 
@@ -51,7 +51,11 @@ fn split(expr: Expr) -> Result<(Expr, Vec<Expr>)> {
 pub(crate) fn fill(shell: Expr, children: Vec<Expr>) -> Expr {
     let mut children = children.into_iter();
     shell
-        .map_children(|_| Ok(Transformed::yes(children.next().expect("one child per hole"))))
+        .map_children(|_| {
+            Ok(Transformed::yes(
+                children.next().expect("one child per hole"),
+            ))
+        })
         .expect("filling holes cannot fail")
         .data
 }
@@ -125,9 +129,7 @@ impl Graph {
             (Operator::Multiply, Some(o), _) if o == 1.0 => return b,
             (Operator::Multiply | Operator::Divide, _, Some(o)) if o == 1.0 => return a,
             (Operator::Multiply, Some(m), _) if m == -1.0 => return self.neg(b),
-            (Operator::Multiply | Operator::Divide, _, Some(m)) if m == -1.0 => {
-                return self.neg(a)
-            }
+            (Operator::Multiply | Operator::Divide, _, Some(m)) if m == -1.0 => return self.neg(a),
             (Operator::Divide, Some(z), _) if z == 0.0 => return self.num(0.0),
             _ => {}
         }

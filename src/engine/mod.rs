@@ -28,7 +28,7 @@ use datafusion::error::Result;
 use datafusion::functions::core::coalesce;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::simplify::SimplifyContext;
-use datafusion::logical_expr::{when, Cast, Expr, ExprSchemable, Operator};
+use datafusion::logical_expr::{when, BinaryExpr, Cast, Expr, ExprSchemable, Operator};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 
 use crate::error::{fail, ErrorKind, GradError};
@@ -73,11 +73,11 @@ pub fn differentiate(
     let (outputs, extra_nulls) = match seed {
         Seed::Grad => {
             let one = sweep.g.num(1.0);
-            (sweep.reverse((one, false))?, vec![])
+            (sweep.reverse((one, None))?, vec![])
         }
         Seed::Vjp(u) => {
             let u_id = sweep.value_of(u.clone())?;
-            (sweep.reverse((u_id, false))?, vec![u])
+            (sweep.reverse((u_id, None))?, vec![u])
         }
         Seed::Jvp(tangents) => {
             let ids = tangents
@@ -89,7 +89,10 @@ pub fn differentiate(
     };
     let roots: Vec<NodeId> = outputs
         .into_iter()
-        .map(|(id, masked)| if masked { sweep.coalesce_zero(id) } else { id })
+        .map(|(id, guard)| match guard {
+            Some(_) => sweep.coalesce_zero(id),
+            None => id,
+        })
         .collect();
     let derivative_nodes = sweep.g.size(&roots);
     let exprs = sweep.g.emit(&roots);
@@ -115,7 +118,17 @@ pub fn differentiate(
 }
 
 /// Replaces each non-Float64 variable by `CAST(x AS DOUBLE)` and re-coerces `f`.
+/// Widening casts of integers (which type coercion inserts, e.g. `CAST(n AS
+/// BIGINT) * 3`) are removed first: they are the identity on integers, not a
+/// step function, and re-coercion redoes what they did in Float64.
 fn promote_variables(f: Expr, wrt: &[Column], schema: &DFSchema) -> Result<Expr> {
+    let t = f.get_type(schema)?;
+    if !(t.is_numeric() || t == DataType::Null) {
+        return fail(
+            ErrorKind::UnsupportedType,
+            format!("cannot differentiate `{f}`: its type is {t}, not a number"),
+        );
+    }
     let mut promote = Vec::new();
     for c in wrt {
         let t = schema.qualified_field_from_column(c)?.1.data_type();
@@ -134,14 +147,33 @@ fn promote_variables(f: Expr, wrt: &[Column], schema: &DFSchema) -> Result<Expr>
         return Ok(f);
     }
     let f = f
-        .transform_up(|e| match &e {
-            Expr::Column(c) if promote.contains(c) => {
-                Ok(Transformed::yes(to_float(e)))
+        .transform_up(|e| match e {
+            Expr::Cast(c) if is_widening(&c.expr, c.field.data_type(), schema) => {
+                Ok(Transformed::yes(*c.expr))
             }
+            Expr::TryCast(c) if is_widening(&c.expr, c.field.data_type(), schema) => {
+                Ok(Transformed::yes(*c.expr))
+            }
+            e => Ok(Transformed::no(e)),
+        })?
+        .data
+        .transform_up(|e| match &e {
+            Expr::Column(c) if promote.contains(c) => Ok(Transformed::yes(to_float(e))),
             _ => Ok(Transformed::no(e)),
         })?
         .data;
     ExprSimplifier::new(SimplifyContext::default()).coerce(f, schema)
+}
+
+/// Whether casting `e` to `target` keeps every value: an integer to a wider
+/// integer or to a decimal.
+fn is_widening(e: &Expr, target: &DataType, schema: &DFSchema) -> bool {
+    let Ok(source) = e.get_type(schema) else {
+        return false;
+    };
+    source.is_integer()
+        && (target.is_integer() && target.primitive_width() >= source.primitive_width()
+            || matches!(target, DataType::Decimal128(..) | DataType::Decimal256(..)))
 }
 
 fn to_float(e: Expr) -> Expr {
@@ -158,10 +190,17 @@ struct Sweep<'a> {
     schema: &'a DFSchema,
     rules: &'a Rules,
     types: HashMap<NodeId, DataType>,
+    safe: HashMap<NodeId, bool>,
 }
 
-/// An adjoint or tangent: a node, and whether it is NULL where its path is not selected.
-type Flow = (NodeId, bool);
+/// An adjoint or tangent: a node, and the guard of its path — a boolean node
+/// that is true on the rows where every selection along the path (`CASE`
+/// branch, `greatest` argument, …) is taken; `None` when it is every row.
+type Flow = (NodeId, Option<NodeId>);
+
+/// A local partial derivative: a node, and whether it selects (is NULL on the
+/// rows where its argument is not the one selected).
+type Local = (NodeId, bool);
 
 impl<'a> Sweep<'a> {
     fn new(f: Expr, wrt: &[Column], schema: &'a DFSchema, rules: &'a Rules) -> Result<Self> {
@@ -197,6 +236,7 @@ impl<'a> Sweep<'a> {
             schema,
             rules,
             types: HashMap::new(),
+            safe: HashMap::new(),
         })
     }
 
@@ -207,7 +247,7 @@ impl<'a> Sweep<'a> {
     /// Reverse accumulation from the root seeded with `seed`; one flow per variable.
     fn reverse(&mut self, seed: Flow) -> Result<Vec<Flow>> {
         let zero = self.g.num(0.0);
-        let mut results = vec![(zero, false); self.wrt.len()];
+        let mut results = vec![(zero, None); self.wrt.len()];
         if !self.is_active(self.root) {
             return Ok(results);
         }
@@ -217,16 +257,16 @@ impl<'a> Sweep<'a> {
             let Some(terms) = incoming.remove(&id) else {
                 continue;
             };
-            let (adjoint, masked) = self.sum(terms);
+            let adjoint = self.sum(terms);
             if let Some(k) = self.wrt.iter().position(|&w| w == id) {
-                results[k] = (adjoint, masked);
+                results[k] = adjoint;
                 continue;
             }
             let args = self.g.args(id).to_vec();
             for (arg, partial) in args.into_iter().zip(self.partials(id)?) {
-                if let (true, Some((p, selected))) = (self.is_active(arg), partial) {
-                    let term = self.g.binary(Operator::Multiply, adjoint, p);
-                    incoming.entry(arg).or_default().push((term, masked || selected));
+                if let (true, Some(p)) = (self.is_active(arg), partial) {
+                    let term = self.product(adjoint, p)?;
+                    incoming.entry(arg).or_default().push(term);
                 }
             }
         }
@@ -254,19 +294,18 @@ impl<'a> Sweep<'a> {
                 continue;
             }
             if let Some(k) = self.wrt.iter().position(|&w| w == id) {
-                tangent.insert(id, (tangents[k], false));
+                tangent.insert(id, (tangents[k], None));
                 continue;
             }
             let args = self.g.args(id).to_vec();
             let mut terms = Vec::new();
             for (arg, partial) in args.into_iter().zip(self.partials(id)?) {
-                if let (Some(&(t, t_masked)), Some((p, selected))) = (tangent.get(&arg), partial) {
-                    let term = self.g.binary(Operator::Multiply, p, t);
-                    terms.push((term, t_masked || selected));
+                if let (Some(&t), Some(p)) = (tangent.get(&arg), partial) {
+                    terms.push(self.product(t, p)?);
                 }
             }
             let flow = if terms.is_empty() {
-                (self.g.num(0.0), false)
+                (self.g.num(0.0), None)
             } else {
                 self.sum(terms)
             };
@@ -275,35 +314,143 @@ impl<'a> Sweep<'a> {
         Ok(tangent
             .get(&self.root)
             .copied()
-            .unwrap_or_else(|| (self.g.num(0.0), false)))
+            .unwrap_or_else(|| (self.g.num(0.0), None)))
     }
 
-    /// Sums flows; unselected (NULL) paths count as 0.
+    /// The flow `flow · p` along one edge.
+    ///
+    /// A guarded flow is NULL off its guard, so `flow · p` is too. When `p`
+    /// might raise an error where its branch is not taken (see
+    /// [`Sweep::is_safe`]) the product becomes `CASE WHEN guard THEN flow · p
+    /// END`, so `p` is only evaluated on the selected rows, as `f`'s own `CASE`
+    /// does (`sqrt` of a negative number in an unselected branch never raises
+    /// an error). When `p` selects (is NULL off its branch), the guard narrows
+    /// to `CASE WHEN guard THEN p IS NOT NULL ELSE false END`. Guards are built
+    /// from selection conditions only, never from flows, so no flow is
+    /// duplicated in the emitted expression.
+    fn product(&mut self, (flow, guard): Flow, (p, selects): Local) -> Result<Flow> {
+        let mut term = self.g.binary(Operator::Multiply, flow, p);
+        if let Some(g) = guard {
+            if self.g.number(term) != Some(0.0) && !self.is_safe(p)? {
+                term = self.case_when(g, term, None);
+            }
+        }
+        if !selects {
+            return Ok((term, guard));
+        }
+        let on_branch = self.g.add(Expr::IsNotNull(Box::new(graph::hole())), vec![p]);
+        let guard = match guard {
+            None => on_branch,
+            Some(g) => {
+                let no = self.g.add(Expr::Literal(ScalarValue::Boolean(Some(false)), None), vec![]);
+                self.case_when(g, on_branch, Some(no))
+            }
+        };
+        Ok((term, Some(guard)))
+    }
+
+    /// Whether evaluating node `id` can never raise an error, whatever the
+    /// row: float arithmetic, comparisons, `CASE`, and the math functions that
+    /// return NaN or ±inf outside their domain. `sqrt` (an error for negative
+    /// numbers), `power` (zero to a negative power), integer arithmetic
+    /// (division by zero, overflow) and unknown functions are not.
+    fn is_safe(&mut self, id: NodeId) -> Result<bool> {
+        for n in self.g.reachable(&[id]) {
+            if self.safe.contains_key(&n) {
+                continue;
+            }
+            let own = match self.g.shell(n) {
+                Expr::Literal(..)
+                | Expr::Column(_)
+                | Expr::Negative(_)
+                | Expr::IsNull(_)
+                | Expr::IsNotNull(_)
+                | Expr::Not(_)
+                | Expr::Case(_) => true,
+                Expr::BinaryExpr(b) if graph::is_arithmetic(b.op) => {
+                    primitive::is_float(&self.data_type(n)?)
+                }
+                Expr::BinaryExpr(_) => true,
+                Expr::Cast(_) | Expr::TryCast(_) => {
+                    let arg = self.g.args(n)[0];
+                    self.data_type(arg)?.is_numeric()
+                }
+                Expr::ScalarFunction(f) => primitive::SAFE_FUNCTIONS.contains(&f.func.name()),
+                _ => false,
+            };
+            let safe = own && self.g.args(n).iter().all(|a| self.safe[a]);
+            self.safe.insert(n, safe);
+        }
+        Ok(self.safe[&id])
+    }
+
+    /// `CASE WHEN cond THEN then [ELSE otherwise] END`.
+    fn case_when(&mut self, cond: NodeId, then: NodeId, otherwise: Option<NodeId>) -> NodeId {
+        let hole = || Box::new(graph::hole());
+        let shell = Expr::Case(datafusion::logical_expr::Case::new(
+            None,
+            vec![(hole(), hole())],
+            otherwise.map(|_| hole()),
+        ));
+        self.g.add(shell, [cond, then].into_iter().chain(otherwise).collect())
+    }
+
+    /// Sums flows; off its guard, a term counts as 0. When every term is
+    /// guarded, the sum is guarded by the union of the guards (and NULL off it).
     fn sum(&mut self, terms: Vec<Flow>) -> Flow {
         if terms.len() == 1 {
             return terms[0];
         }
-        let ids: Vec<NodeId> = terms
-            .into_iter()
-            .map(|(t, masked)| if masked { self.coalesce_zero(t) } else { t })
-            .collect();
+        let mut guards: Vec<NodeId> = Vec::new();
+        let mut all_guarded = true;
+        let mut ids = Vec::with_capacity(terms.len());
+        for (t, guard) in terms {
+            match guard {
+                Some(g) => {
+                    if !guards.contains(&g) {
+                        guards.push(g);
+                    }
+                    ids.push(self.coalesce_zero(t));
+                }
+                None => {
+                    all_guarded = false;
+                    ids.push(t);
+                }
+            }
+        }
         let total = ids
             .into_iter()
             .reduce(|a, b| self.g.binary(Operator::Plus, a, b))
             .expect("at least one term");
-        (total, false)
+        if !all_guarded {
+            return (total, None);
+        }
+        let guard = guards
+            .into_iter()
+            .reduce(|a, b| {
+                let shell = Expr::BinaryExpr(BinaryExpr::new(
+                    Box::new(graph::hole()),
+                    Operator::Or,
+                    Box::new(graph::hole()),
+                ));
+                self.g.add(shell, vec![a, b])
+            })
+            .expect("at least one guard");
+        (self.case_when(guard, total, None), Some(guard))
     }
 
     /// `coalesce(t, 0.0)`.
     fn coalesce_zero(&mut self, t: NodeId) -> NodeId {
         let zero = self.g.num(0.0);
-        let hole = || Expr::Literal(ScalarValue::Null, None);
-        let shell = Expr::ScalarFunction(ScalarFunction::new_udf(coalesce(), vec![hole(), hole()]));
+        let shell = Expr::ScalarFunction(ScalarFunction::new_udf(
+            coalesce(),
+            vec![graph::hole(), graph::hole()],
+        ));
         self.g.add(shell, vec![t, zero])
     }
 
     /// The partial derivatives of node `id`, interned: `(node, selected)` per argument.
-    fn partials(&mut self, id: NodeId) -> Result<Vec<Option<Flow>>> {
+    fn partials(&mut self, id: NodeId) -> Result<Vec<Option<Local>>> {
         let shell = self.g.shell(id).clone();
         let key = primitive::rule_key(&shell)?;
         let rule = self
@@ -314,7 +461,9 @@ impl<'a> Sweep<'a> {
                 _ => None,
             })
             .cloned()
-            .ok_or_else(|| GradError::non_differentiable(&key, "no derivative rule is registered for it"))?;
+            .ok_or_else(|| {
+                GradError::non_differentiable(&key, "no derivative rule is registered for it")
+            })?;
         let args = self.g.args(id).to_vec();
         let symbolic: Vec<Expr> = args
             .iter()
@@ -336,9 +485,13 @@ impl<'a> Sweep<'a> {
                 ),
             );
         }
-        let mut values: Vec<Option<NodeId>> = Vec::with_capacity(args.len());
+        // Numbers enter partials as Float64; other arguments (CASE conditions) as they are.
+        let mut values: Vec<NodeId> = Vec::with_capacity(args.len());
         for &a in &args {
-            values.push(self.value(a).ok());
+            let numeric = self
+                .data_type(a)
+                .is_ok_and(|t| t.is_numeric() || t == DataType::Null);
+            values.push(if numeric { self.value(a)? } else { a });
         }
         let mut out = Vec::with_capacity(args.len());
         for partial in partials {
@@ -354,10 +507,10 @@ impl<'a> Sweep<'a> {
                 Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ARG_PREFIX) => {
                     let i: usize = c.name[ARG_PREFIX.len()..].parse().unwrap_or(usize::MAX);
                     match values.get(i) {
-                        Some(Some(v)) => Ok(Some(*v)),
-                        _ => fail(
-                            ErrorKind::UnsupportedType,
-                            format!("argument {i} of `{key}` is not a number"),
+                        Some(v) => Ok(Some(*v)),
+                        None => fail(
+                            ErrorKind::NonDifferentiable,
+                            format!("the rule for `{key}` refers to a missing argument {i}"),
                         ),
                     }
                 }

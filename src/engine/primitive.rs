@@ -3,7 +3,7 @@
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
-use datafusion::logical_expr::{Expr, Volatility};
+use datafusion::logical_expr::{Expr, Operator, Volatility};
 
 use super::graph::is_arithmetic;
 use crate::error::{fail, ErrorKind, GradError};
@@ -38,12 +38,25 @@ pub fn rule_key(shell: &Expr) -> Result<String> {
 }
 
 /// Whether derivatives stop at this node: its value is boolean, or piecewise
-/// constant (a cast to an integer or decimal type), or a constant leaf.
+/// constant (a cast to an integer, decimal or boolean type), or a constant
+/// leaf. Every other node with a variable below it needs a rule (a cast to a
+/// string, `||`, bitwise operators have none and are refused).
 pub fn blocks(shell: &Expr) -> bool {
     match shell {
-        Expr::BinaryExpr(b) => !is_arithmetic(b.op),
-        Expr::Cast(c) => !is_float(c.field.data_type()),
-        Expr::TryCast(c) => !is_float(c.field.data_type()),
+        Expr::BinaryExpr(b) => {
+            !is_arithmetic(b.op)
+                && (b.op.supports_propagation()
+                    || b.op.is_logic_operator()
+                    || matches!(
+                        b.op,
+                        Operator::LikeMatch
+                            | Operator::ILikeMatch
+                            | Operator::NotLikeMatch
+                            | Operator::NotILikeMatch
+                    ))
+        }
+        Expr::Cast(c) => is_step(c.field.data_type()),
+        Expr::TryCast(c) => is_step(c.field.data_type()),
         Expr::ScalarFunction(_)
         | Expr::Negative(_)
         | Expr::Case(_)
@@ -81,7 +94,31 @@ pub fn check_volatility(shell: &Expr) -> Result<()> {
     Ok(())
 }
 
+/// Whether a cast to `t` is piecewise constant (integer, decimal, boolean).
+fn is_step(t: &DataType) -> bool {
+    t.is_integer()
+        || matches!(
+            t,
+            DataType::Boolean
+                | DataType::Decimal32(..)
+                | DataType::Decimal64(..)
+                | DataType::Decimal128(..)
+                | DataType::Decimal256(..)
+        )
+}
+
 /// Whether `t` is a floating-point type.
 pub fn is_float(t: &DataType) -> bool {
     matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
 }
+
+/// Functions that never raise an error, whatever their (numeric) arguments:
+/// outside their domain they return NaN or ±inf. (`sqrt` and `power` are not
+/// among them: DataFusion raises errors for `sqrt` of a negative number and
+/// for zero to a negative power.)
+pub const SAFE_FUNCTIONS: &[&str] = &[
+    "exp", "ln", "log", "log2", "log10", "cbrt", "sin", "cos", "tan", "cot", "asin", "acos",
+    "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "degrees", "radians",
+    "abs", "signum", "floor", "ceil", "round", "trunc", "greatest", "least", "coalesce",
+    "nullif", "nanvl", "isnan", "pi",
+];

@@ -8,10 +8,13 @@
 //! | `a / b` | 1/b | -a/b² |
 //! | `a % b` | 1 | -trunc(a/b) |
 //! | `-a` | -1 | |
-//! | `power(a, b)`, `pow`, `^` | b·a^(b-1) (0 where b = 0) | ln(a)·a^b (ln 1 where a = 0) |
+//! | `power(a, b)`, `pow` | b·a^(b-1) (0 where b = 0) | ln(a)·a^b (ln 1 where a = 0) |
 //!
 //! `power` follows JAX: with a constant exponent no `ln(a)` term appears, so
-//! `x^c` at `x = 0` is finite for constant `c ≥ 1`.
+//! `x^c` at `x = 0` is finite for constant `c ≥ 1`. A negative power
+//! `a^(b-1)` is written `1 / a^(1-b)`, so at `a = 0` it is `+inf` (DataFusion's
+//! `power` raises an error for zero to a negative power). In DataFusion's
+//! default dialect `^` is bitwise XOR, which has no derivative rule.
 
 use datafusion::error::Result;
 use datafusion::functions::math::expr_fn::{ln, power, trunc};
@@ -66,9 +69,14 @@ fn pow(c: &Call) -> Result<Vec<Partial>> {
     let (a, b) = (c.arg(0), c.arg(1));
     let d_base = match c.literal(1) {
         Some(e) if e == 0.0 => Partial::Zero,
-        Some(e) => Partial::Value(num(e) * power(a.clone(), num(e - 1.0))),
+        Some(e) if e >= 1.0 => Partial::Value(num(e) * power(a.clone(), num(e - 1.0))),
+        Some(e) => Partial::Value(num(e) / power(a.clone(), num(1.0 - e))),
         None => Partial::Value(
             when(b.clone().eq(num(0.0)), num(0.0))
+                .when(
+                    b.clone().lt(num(1.0)),
+                    b.clone() / power(a.clone(), num(1.0) - b.clone()),
+                )
                 .otherwise(b.clone() * power(a.clone(), b - num(1.0)))?,
         ),
     };

@@ -7,7 +7,7 @@
 use std::f64::consts::{LN_10, LN_2, PI};
 
 use datafusion::error::Result;
-use datafusion::functions::math::expr_fn::{cos, cosh, ln, sin, sinh, sqrt};
+use datafusion::functions::math::expr_fn::{cos, cosh, ln, power, sin, sinh};
 use datafusion::logical_expr::Expr;
 
 use super::{num, Call, Partial, RuleEntry};
@@ -26,18 +26,17 @@ pub const RULES: &[RuleEntry] = &[
     ("cos", |c| one(-sin(c.arg(0)))),
     ("tan", |c| one(num(1.0) + c.out() * c.out())),
     ("cot", |c| one(-(num(1.0) + c.out() * c.out()))),
-    ("asin", |c| one(num(1.0) / sqrt(num(1.0) - sq(c.arg(0))))),
-    ("acos", |c| one(num(-1.0) / sqrt(num(1.0) - sq(c.arg(0))))),
+    ("asin", |c| one(num(1.0) / root(num(1.0) - sq(c.arg(0))))),
+    ("acos", |c| one(num(-1.0) / root(num(1.0) - sq(c.arg(0))))),
     ("atan", |c| one(num(1.0) / (num(1.0) + sq(c.arg(0))))),
     ("atan2", atan2),
     ("sinh", |c| one(cosh(c.arg(0)))),
     ("cosh", |c| one(sinh(c.arg(0)))),
     ("tanh", |c| one(num(1.0) - c.out() * c.out())),
-    ("asinh", |c| one(num(1.0) / sqrt(sq(c.arg(0)) + num(1.0)))),
-    (
-        "acosh",
-        |c| one(num(1.0) / sqrt((c.arg(0) - num(1.0)) * (c.arg(0) + num(1.0)))),
-    ),
+    ("asinh", |c| one(num(1.0) / root(sq(c.arg(0)) + num(1.0)))),
+    ("acosh", |c| {
+        one(num(1.0) / root((c.arg(0) - num(1.0)) * (c.arg(0) + num(1.0))))
+    }),
     ("atanh", |c| one(num(1.0) / (num(1.0) - sq(c.arg(0))))),
     ("degrees", |_| one(num(180.0 / PI))),
     ("radians", |_| one(num(PI / 180.0))),
@@ -45,6 +44,12 @@ pub const RULES: &[RuleEntry] = &[
 
 fn one(d: Expr) -> Result<Vec<Partial>> {
     Ok(vec![Partial::Value(d)])
+}
+
+/// `√v` as `power(v, 0.5)`: NaN for negative `v` (outside the function's
+/// domain, where `f` itself is NaN), where DataFusion's `sqrt` raises an error.
+fn root(v: Expr) -> Expr {
+    power(v, num(0.5))
 }
 
 fn sq(e: Expr) -> Expr {

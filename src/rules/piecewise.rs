@@ -10,7 +10,10 @@
 //! decimal types are piecewise constant and never reach these rules (the engine
 //! treats them as constants, derivative 0).
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
+
+use crate::error::GradError;
 use datafusion::functions::math::expr_fn::isnan;
 use datafusion::logical_expr::{when, Case, Expr};
 
@@ -28,10 +31,12 @@ pub const RULES: &[RuleEntry] = &[
     ("least", extremum),
     ("case", case),
     ("coalesce", coalesce),
-    ("nullif", |_| Ok(vec![Partial::Value(num(1.0)), Partial::Zero])),
+    ("nullif", |_| {
+        Ok(vec![Partial::Value(num(1.0)), Partial::Zero])
+    }),
     ("nanvl", nanvl),
-    ("cast", |_| Ok(vec![Partial::Value(num(1.0))])),
-    ("try_cast", |_| Ok(vec![Partial::Value(num(1.0))])),
+    ("cast", cast),
+    ("try_cast", cast),
 ];
 
 fn zero(c: &Call) -> Result<Vec<Partial>> {
@@ -45,7 +50,21 @@ fn abs(c: &Call) -> Result<Vec<Partial>> {
 }
 
 /// `greatest`/`least`: 1/k for each of the k arguments equal to the output.
+/// With two arguments (the common case) the tie test compares them directly,
+/// which keeps the emitted expression small.
 fn extremum(c: &Call) -> Result<Vec<Partial>> {
+    if c.arity() == 2 {
+        let tie = c.arg(0).eq(c.arg(1));
+        return (0..2)
+            .map(|i| {
+                Ok(Partial::Selected(
+                    when(tie.clone(), num(0.5))
+                        .when(c.arg(i).eq(c.out()), num(1.0))
+                        .end()?,
+                ))
+            })
+            .collect();
+    }
     let hits = (0..c.arity())
         .map(|j| when(c.arg(j).eq(c.out()), num(1.0)).otherwise(num(0.0)))
         .collect::<Result<Vec<_>>>()?;
@@ -106,9 +125,15 @@ fn case(c: &Call) -> Result<Vec<Partial>> {
 fn coalesce(c: &Call) -> Result<Vec<Partial>> {
     (0..c.arity())
         .map(|i| {
-            let mut chain = when(c.arg(0).is_not_null(), if i == 0 { num(1.0) } else { null() });
+            let mut chain = when(
+                c.arg(0).is_not_null(),
+                if i == 0 { num(1.0) } else { null() },
+            );
             for j in 1..=i {
-                chain = chain.when(c.arg(j).is_not_null(), if j == i { num(1.0) } else { null() });
+                chain = chain.when(
+                    c.arg(j).is_not_null(),
+                    if j == i { num(1.0) } else { null() },
+                );
             }
             Ok(Partial::Selected(chain.end()?))
         })
@@ -122,4 +147,25 @@ fn nanvl(c: &Call) -> Result<Vec<Partial>> {
         Partial::Selected(when(a_is_nan.clone(), null()).otherwise(num(1.0))?),
         Partial::Selected(when(a_is_nan, num(1.0)).end()?),
     ])
+}
+
+/// A cast to a float type is the identity; to any other (non piecewise
+/// constant) type, such as a string, it cannot be differentiated.
+fn cast(c: &Call) -> Result<Vec<Partial>> {
+    let target = match c.out() {
+        Expr::Cast(cast) => cast.field.data_type().clone(),
+        Expr::TryCast(cast) => cast.field.data_type().clone(),
+        _ => DataType::Float64,
+    };
+    if !matches!(
+        target,
+        DataType::Float16 | DataType::Float32 | DataType::Float64
+    ) {
+        return Err(GradError::non_differentiable(
+            &format!("CAST(... AS {target})"),
+            "only casts to float types carry a derivative",
+        )
+        .into());
+    }
+    Ok(vec![Partial::Value(num(1.0))])
 }

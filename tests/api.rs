@@ -1,0 +1,224 @@
+//! The Rust API: the DataFrame API, deep expressions, typed errors and
+//! user-registered derivative rules.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, Float64Array};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::error::Result;
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use datafusion::prelude::*;
+use datafusion_grad::{Call, ErrorKind, GradError, Partial};
+
+async fn context() -> SessionContext {
+    let ctx = datafusion_grad::session_context();
+    ctx.sql("CREATE TABLE t(x DOUBLE, y DOUBLE) AS VALUES (0.5, 2.0), (-1.0, 3.0), (2.0, -0.5)")
+        .await
+        .unwrap();
+    ctx
+}
+
+/// The single Float64 column of `df`'s result.
+async fn values(df: DataFrame) -> Result<Vec<f64>> {
+    let mut out = Vec::new();
+    for batch in df.collect().await? {
+        let a = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .expect("a DOUBLE column");
+        out.extend((0..a.len()).map(|i| a.value(i)));
+    }
+    Ok(out)
+}
+
+fn assert_close(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+    for (g, w) in got.iter().zip(want) {
+        assert!((g - w).abs() <= 1e-9 * (1.0 + w.abs()), "{got:?} vs {want:?}");
+    }
+}
+
+#[tokio::test]
+async fn dataframe_select_filter_aggregate() {
+    let ctx = context().await;
+    let grad = ctx.udf("grad").unwrap();
+    let t = ctx.table("t").await.unwrap().sort(vec![col("x").sort(true, true)]).unwrap();
+
+    // d(x² y)/dx = 2xy
+    let df = t
+        .clone()
+        .select(vec![grad
+            .call(vec![col("x") * col("x") * col("y"), col("x")])
+            .alias("d")])
+        .unwrap();
+    assert_close(&values(df).await.unwrap(), &[6.0, 2.0, -2.0]);
+
+    // in a filter: 2xy > 0
+    let df = t
+        .clone()
+        .filter(grad.call(vec![col("x") * col("x") * col("y"), col("x")]).gt(lit(0.0)))
+        .unwrap()
+        .select(vec![col("x")])
+        .unwrap();
+    assert_close(&values(df).await.unwrap(), &[0.5]);
+
+    // inside an aggregate: avg(d(sin(x) y)/dx) = avg(cos(x) y)
+    let df = t
+        .clone()
+        .aggregate(
+            vec![],
+            vec![datafusion::functions_aggregate::expr_fn::avg(
+                grad.call(vec![sin(col("x")) * col("y"), col("x")]),
+            )],
+        )
+        .unwrap();
+    let want = (1.0f64.cos() * 3.0 + 0.5f64.cos() * 2.0 - 2.0f64.cos() * 0.5) / 3.0;
+    assert_close(&values(df).await.unwrap(), &[want]);
+
+    // with_column, and the multi-variable struct
+    let df = t
+        .with_column(
+            "g",
+            grad.call(vec![col("x") * col("y"), col("x"), col("y")]),
+        )
+        .unwrap()
+        .select(vec![get_field(col("g"), "y")])
+        .unwrap();
+    assert_close(&values(df).await.unwrap(), &[-1.0, 0.5, 2.0]);
+}
+
+/// 10,000 nested operators built through the DataFrame API: the engine walks
+/// the DAG with loops, so only DataFusion's own recursion needs a big stack.
+#[test]
+fn deep_expression() {
+    const STEPS: usize = 5_000;
+    let run = || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(async {
+                let ctx = context().await;
+                let grad = ctx.udf("grad").unwrap();
+                // e ← e · 0.9999 + sin(x) · y, two operators per step
+                let mut f = col("x");
+                for _ in 0..STEPS {
+                    f = f * lit(0.9999) + sin(col("x")) * col("y");
+                }
+                let df = ctx
+                    .table("t")
+                    .await
+                    .unwrap()
+                    .sort(vec![col("x").sort(true, true)])
+                    .unwrap()
+                    .select(vec![grad.call(vec![f, col("x")])])
+                    .unwrap();
+                let got = values(df).await.unwrap();
+                let want: Vec<f64> = [(-1.0f64, 3.0f64), (0.5, 2.0), (2.0, -0.5)]
+                    .iter()
+                    .map(|&(x, y)| {
+                        let mut d = 1.0;
+                        for _ in 0..STEPS {
+                            d = d * 0.9999 + x.cos() * y;
+                        }
+                        d
+                    })
+                    .collect();
+                for (g, w) in got.iter().zip(&want) {
+                    assert!((g - w).abs() <= 1e-6 * (1.0 + w.abs()), "{got:?} vs {want:?}");
+                }
+            })
+    };
+    std::thread::Builder::new()
+        .stack_size(1 << 30)
+        .spawn(run)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+/// The kind of the error `sql` fails with.
+async fn error_kind(ctx: &SessionContext, sql: &str) -> (ErrorKind, String) {
+    let result = match ctx.sql(sql).await {
+        Ok(df) => df.collect().await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    let err = result.expect_err(sql);
+    let grad_err = GradError::find(&err).unwrap_or_else(|| panic!("not a GradError: {err}"));
+    (grad_err.kind(), err.to_string())
+}
+
+#[tokio::test]
+async fn every_error_kind_is_typed() {
+    let ctx = context().await;
+    let cases = [
+        ("SELECT grad(x * random(), x) FROM t", ErrorKind::NonDifferentiable, "random"),
+        ("SELECT grad(x * x, x + 1) FROM t", ErrorKind::InvalidWrt, "t.x + Float64(1)"),
+        ("SELECT grad(x) FROM t", ErrorKind::WrongArity, "got 1 argument"),
+        ("SELECT grad(avg(x) * y, y) FROM t GROUP BY y", ErrorKind::NeedsPlanContext, "avg(t.x)"),
+        ("SELECT grad(x * x, CAST(x AS VARCHAR)) FROM t", ErrorKind::InvalidWrt, "argument 2"),
+        ("SELECT jvp(x * x, x, 'a') FROM t", ErrorKind::UnsupportedType, "Utf8"),
+    ];
+    for (sql, kind, piece) in cases {
+        let (got, message) = error_kind(&ctx, sql).await;
+        assert_eq!(got, kind, "{sql}: {message}");
+        assert!(message.contains(piece), "{sql}: `{piece}` not in {message}");
+        assert!(message.contains(&format!("[{}]", kind.name())), "{message}");
+    }
+    ctx.sql("SET datafusion.optimizer.skip_failed_rules = true")
+        .await
+        .unwrap();
+    let (got, message) = error_kind(&ctx, "SELECT grad(x * x, 2.0) FROM t").await;
+    assert_eq!(got, ErrorKind::MarkerReachedExecution, "{message}");
+    assert!(message.contains("grad() reached execution"), "{message}");
+}
+
+/// `softplus(u) = ln(1 + exp(u))`, a UDF without a built-in derivative rule.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Softplus {
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for Softplus {
+    fn name(&self) -> &str {
+        "softplus"
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let a = args.args[0].to_array(args.number_rows)?;
+        let a = a.as_any().downcast_ref::<Float64Array>().unwrap();
+        let out: Float64Array = a.unary(|u| (1.0 + u.exp()).ln());
+        Ok(ColumnarValue::Array(Arc::new(out)))
+    }
+}
+
+#[tokio::test]
+async fn user_rule_for_own_udf() {
+    let ctx = context().await;
+    ctx.register_udf(ScalarUDF::new_from_impl(Softplus {
+        signature: Signature::exact(vec![DataType::Float64], Volatility::Immutable),
+    }));
+    let sql = "SELECT grad(softplus(x * y), x) FROM t ORDER BY x";
+    let (kind, message) = error_kind(&ctx, sql).await;
+    assert_eq!(kind, ErrorKind::NonDifferentiable);
+    assert!(message.contains("softplus"), "{message}");
+
+    // d/du softplus(u) = 1 / (1 + exp(-u)); chain rule gives y / (1 + exp(-xy))
+    datafusion_grad::register_rule(&ctx, "softplus", |c: &Call| {
+        Ok(vec![Partial::Value(lit(1.0) / (lit(1.0) + exp(-c.arg(0))))])
+    })
+    .unwrap();
+    let got = values(ctx.sql(sql).await.unwrap()).await.unwrap();
+    let want: Vec<f64> = [(-1.0f64, 3.0f64), (0.5, 2.0), (2.0, -0.5)]
+        .iter()
+        .map(|&(x, y)| y / (1.0 + (-x * y).exp()))
+        .collect();
+    assert_close(&got, &want);
+}
