@@ -38,11 +38,7 @@ fn schema(names: &[String]) -> DFSchema {
 
 fn product(n: usize) -> Case {
     let names: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
-    let f = names
-        .iter()
-        .map(col)
-        .reduce(|a, b| a * b)
-        .expect("n > 0");
+    let f = names.iter().map(col).reduce(|a, b| a * b).expect("n > 0");
     Case {
         f,
         wrt: names.iter().map(Column::from_name).collect(),

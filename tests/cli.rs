@@ -162,7 +162,10 @@ fn invalid_wrt_fails() {
 /// the data it generates (solved here in closed form).
 #[test]
 fn main_job_reaches_least_squares() {
-    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/linear_regression.sql");
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/linear_regression.sql"
+    );
     let out = dfgrad_ok(&["--format", "csv", "-q", "-f", file]);
     let last = out.lines().last().expect("rows");
     let cols: Vec<f64> = last.split(',').map(|v| v.parse().unwrap()).collect();

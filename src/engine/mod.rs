@@ -338,11 +338,16 @@ impl<'a> Sweep<'a> {
         if !selects {
             return Ok((term, guard));
         }
-        let on_branch = self.g.add(Expr::IsNotNull(Box::new(graph::hole())), vec![p]);
+        let on_branch = self
+            .g
+            .add(Expr::IsNotNull(Box::new(graph::hole())), vec![p]);
         let guard = match guard {
             None => on_branch,
             Some(g) => {
-                let no = self.g.add(Expr::Literal(ScalarValue::Boolean(Some(false)), None), vec![]);
+                let no = self.g.add(
+                    Expr::Literal(ScalarValue::Boolean(Some(false)), None),
+                    vec![],
+                );
                 self.case_when(g, on_branch, Some(no))
             }
         };
@@ -392,7 +397,8 @@ impl<'a> Sweep<'a> {
             vec![(hole(), hole())],
             otherwise.map(|_| hole()),
         ));
-        self.g.add(shell, [cond, then].into_iter().chain(otherwise).collect())
+        self.g
+            .add(shell, [cond, then].into_iter().chain(otherwise).collect())
     }
 
     /// Sums flows; off its guard, a term counts as 0. When every term is
