@@ -21,7 +21,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::optimizer::AnalyzerRule;
 
 use crate::lineage::Scope;
-use crate::marker::{as_marker, expand_markers};
+use crate::marker::{as_marker, expand_markers, MarkerKind};
 
 /// Differentiates through plan context; see the [module docs](self).
 #[derive(Debug, Default)]
@@ -84,14 +84,11 @@ fn rewrite_marker(e: Expr, scope: &Scope) -> Result<Transformed<Expr>> {
     Ok(Transformed::new_transformed(call, f.transformed))
 }
 
-fn wrt_columns(kind: crate::marker::MarkerKind, args: &[Expr]) -> Vec<Column> {
-    use crate::marker::MarkerKind::*;
-    let positions: Vec<usize> = match kind {
-        Grad => (1..args.len()).collect(),
-        Jvp => (1..args.len()).step_by(2).collect(),
-        Vjp => std::iter::once(1).chain(3..args.len()).collect(),
-    };
-    positions
+/// The variables of a marker call (none when its arity is wrong: the marker
+/// itself reports that).
+fn wrt_columns(kind: MarkerKind, args: &[Expr]) -> Vec<Column> {
+    kind.wrt_positions(args.len())
+        .unwrap_or_default()
         .into_iter()
         .filter_map(|p| match args.get(p) {
             Some(Expr::Column(c)) => Some(c.clone()),

@@ -68,7 +68,7 @@ impl MarkerKind {
     }
 
     /// Positions of the variables among the arguments, checking the arity.
-    fn wrt_positions(self, n: usize) -> Result<Vec<usize>> {
+    pub(crate) fn wrt_positions(self, n: usize) -> Result<Vec<usize>> {
         let ok = match self {
             MarkerKind::Grad => n >= 2,
             MarkerKind::Jvp => n >= 3 && n % 2 == 1,

@@ -66,11 +66,12 @@ fn close(a: f64, b: f64, tol: f64) -> bool {
 }
 
 /// Central difference of the values at +h and -h, trusted only when the
-/// estimates with step h and 2h agree.
+/// estimates with step h and 2h agree to 1e-6 (which excludes kinks, where
+/// they differ by O(h)).
 fn central(plus: f64, minus: f64, plus2: f64, minus2: f64) -> Option<f64> {
     let d1 = (plus - minus) / (2.0 * H);
     let d2 = (plus2 - minus2) / (4.0 * H);
-    (d1.is_finite() && d2.is_finite() && close(d1, d2, 1e-4) && d1.abs() < 1e6).then_some(d1)
+    (d1.is_finite() && d2.is_finite() && close(d1, d2, 1e-6) && d1.abs() < 1e6).then_some(d1)
 }
 
 /// The columns checking template `f`: f(x±h), f(x±2h), f(y±h), f(y±2h), then the derivatives.
