@@ -104,6 +104,7 @@ fn probe(f: &str) -> Vec<String> {
 const PROBE_WIDTH: usize = 18;
 
 /// Checks the probe columns of one expression; returns the number of checked points.
+#[allow(clippy::needless_range_loop)] // `r` indexes a row across all columns
 fn check(f: &str, c: &[Vec<f64>]) -> usize {
     let mut checked = 0;
     for r in 0..c[0].len() {

@@ -120,17 +120,17 @@ impl Graph {
             (Operator::Minus, Some(x), Some(y)) => return self.num(x - y),
             (Operator::Multiply, Some(x), Some(y)) => return self.num(x * y),
             (Operator::Divide, Some(x), Some(y)) if y != 0.0 => return self.num(x / y),
-            (Operator::Plus, Some(z), _) if z == 0.0 => return b,
-            (Operator::Plus | Operator::Minus, _, Some(z)) if z == 0.0 => return a,
-            (Operator::Minus, Some(z), _) if z == 0.0 => return self.neg(b),
+            (Operator::Plus, Some(0.0), _) => return b,
+            (Operator::Plus | Operator::Minus, _, Some(0.0)) => return a,
+            (Operator::Minus, Some(0.0), _) => return self.neg(b),
             (Operator::Multiply, Some(z), _) | (Operator::Multiply, _, Some(z)) if z == 0.0 => {
                 return self.num(0.0)
             }
-            (Operator::Multiply, Some(o), _) if o == 1.0 => return b,
-            (Operator::Multiply | Operator::Divide, _, Some(o)) if o == 1.0 => return a,
-            (Operator::Multiply, Some(m), _) if m == -1.0 => return self.neg(b),
-            (Operator::Multiply | Operator::Divide, _, Some(m)) if m == -1.0 => return self.neg(a),
-            (Operator::Divide, Some(z), _) if z == 0.0 => return self.num(0.0),
+            (Operator::Multiply, Some(1.0), _) => return b,
+            (Operator::Multiply | Operator::Divide, _, Some(1.0)) => return a,
+            (Operator::Multiply, Some(-1.0), _) => return self.neg(b),
+            (Operator::Multiply | Operator::Divide, _, Some(-1.0)) => return self.neg(a),
+            (Operator::Divide, Some(0.0), _) => return self.num(0.0),
             _ => {}
         }
         let shell = Expr::BinaryExpr(BinaryExpr::new(Box::new(hole()), op, Box::new(hole())));

@@ -289,10 +289,8 @@ impl<'a> Sweep<'a> {
             }
         }
         let mut tangent: HashMap<NodeId, Flow> = HashMap::new();
-        for id in 0..=self.root {
-            if !needed[id] {
-                continue;
-            }
+        let order: Vec<NodeId> = (0..=self.root).filter(|&id| needed[id]).collect();
+        for id in order {
             if let Some(k) = self.wrt.iter().position(|&w| w == id) {
                 tangent.insert(id, (tangents[k], None));
                 continue;
