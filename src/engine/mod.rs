@@ -28,7 +28,7 @@ use datafusion::error::Result;
 use datafusion::functions::core::coalesce;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::simplify::SimplifyContext;
-use datafusion::logical_expr::{when, BinaryExpr, Cast, Expr, ExprSchemable, Operator};
+use datafusion::logical_expr::{when, Cast, Expr, ExprSchemable, Operator};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 
 use crate::error::{fail, ErrorKind, GradError};
@@ -358,10 +358,16 @@ impl<'a> Sweep<'a> {
     /// numbers), `power` (zero to a negative power), integer arithmetic
     /// (division by zero, overflow) and unknown functions are not.
     fn is_safe(&mut self, id: NodeId) -> Result<bool> {
-        for n in self.g.reachable(&[id]) {
-            if self.safe.contains_key(&n) {
-                continue;
+        // The nodes below `id` not classified yet; ascending ids are a
+        // topological order, so children are classified before parents.
+        let mut todo = std::collections::BTreeSet::new();
+        let mut stack = vec![id];
+        while let Some(n) = stack.pop() {
+            if !self.safe.contains_key(&n) && todo.insert(n) {
+                stack.extend(self.g.args(n));
             }
+        }
+        for n in todo {
             let own = match self.g.shell(n) {
                 Expr::Literal(..)
                 | Expr::Column(_)
@@ -431,14 +437,7 @@ impl<'a> Sweep<'a> {
         }
         let guard = guards
             .into_iter()
-            .reduce(|a, b| {
-                let shell = Expr::BinaryExpr(BinaryExpr::new(
-                    Box::new(graph::hole()),
-                    Operator::Or,
-                    Box::new(graph::hole()),
-                ));
-                self.g.add(shell, vec![a, b])
-            })
+            .reduce(|a, b| self.g.binary(Operator::Or, a, b))
             .expect("at least one guard");
         (self.case_when(guard, total, None), Some(guard))
     }
