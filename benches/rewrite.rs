@@ -6,19 +6,24 @@
 //! - `mlp`: a dense 2-layer network `Σⱼ vⱼ·tanh(Σᵢ wᵢⱼ·xᵢ + bⱼ)` written as
 //!   scalar SQL, the partials for every weight.
 //!
-//! Before timing, each case prints its size ratio
-//! `derivative DAG nodes / forward DAG nodes` (all partials together).
-//! Run with `cargo bench --bench rewrite`.
+//! What is timed is the rewrite the analyzer rule performs: differentiate into
+//! the DAG and emit it with shared subexpressions bound to columns of binding
+//! projections ([`differentiate_shared`]). Before timing, each case prints
+//! `derivative DAG nodes / forward DAG nodes` (all partials together), the
+//! number of binding projections, and the emitted expression nodes (all
+//! projections and the derivative expressions together) over the forward
+//! nodes. Run with `cargo bench --bench rewrite`.
 
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion};
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema};
 use datafusion::logical_expr::{col, lit, Expr};
 use datafusion::prelude::{cos, sin, tanh};
-use datafusion_grad::engine::{differentiate, Seed};
+use datafusion_grad::engine::{differentiate_shared, Derivative, Seed, Shared};
 use datafusion_grad::Rules;
 
 /// A differentiation problem: `f`, its variables, and the schema they live in.
@@ -87,21 +92,53 @@ fn mlp(inputs: usize, hidden: usize) -> Case {
     }
 }
 
-fn run(case: &Case, rules: &Rules) -> datafusion_grad::engine::Derivative {
-    differentiate(&case.f, &case.wrt, Seed::Grad, &case.schema, rules).expect("differentiable")
+fn run(case: &Case, rules: &Rules) -> (Shared, Derivative) {
+    differentiate_shared(
+        &case.f,
+        &case.wrt,
+        Seed::Grad,
+        &case.schema,
+        rules,
+        "__bound_",
+    )
+    .expect("differentiable")
+}
+
+/// Nodes of the expression trees of `exprs`.
+fn tree_nodes<'a>(exprs: impl Iterator<Item = &'a Expr>) -> usize {
+    let mut n = 0;
+    for e in exprs {
+        e.apply(|_| {
+            n += 1;
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .expect("counting cannot fail");
+    }
+    n
 }
 
 fn bench_family(c: &mut Criterion, family: &str, cases: Vec<(usize, Case)>) {
     let rules = Rules::builtin();
     let mut group = c.benchmark_group(family);
     for (size, case) in &cases {
-        let d = run(case, &rules);
+        let (shared, d) = run(case, &rules);
+        let emitted = tree_nodes(
+            shared
+                .layers
+                .iter()
+                .flat_map(|l| l.defined.iter().map(|(_, e)| e))
+                .chain(&shared.exprs),
+        );
         println!(
-            "{family}/{size}: forward {} nodes, derivative {} nodes ({} partials), ratio {:.2}",
+            "{family}/{size}: forward {} nodes, derivative {} nodes ({} partials), DAG ratio {:.2}; \
+             emitted {} nodes in {} binding projections, emitted ratio {:.2}",
             d.forward_nodes,
             d.derivative_nodes,
             d.exprs.len(),
-            d.derivative_nodes as f64 / d.forward_nodes as f64
+            d.derivative_nodes as f64 / d.forward_nodes as f64,
+            emitted,
+            shared.layers.len(),
+            emitted as f64 / d.forward_nodes as f64,
         );
         group.bench_with_input(BenchmarkId::from_parameter(size), case, |b, case| {
             b.iter(|| black_box(run(case, &rules)))
@@ -114,9 +151,13 @@ fn benches(c: &mut Criterion) {
     bench_family(
         c,
         "product",
-        [10, 100, 1000].map(|n| (n, product(n))).into(),
+        [10, 100, 1000, 5000].map(|n| (n, product(n))).into(),
     );
-    bench_family(c, "nested", [100, 300, 1000].map(|n| (n, nested(n))).into());
+    bench_family(
+        c,
+        "nested",
+        [100, 1000, 10000].map(|n| (n, nested(n))).into(),
+    );
     bench_family(
         c,
         "mlp",

@@ -1,36 +1,51 @@
 //! The analyzer rule installed with the markers.
 //!
 //! It runs on every plan (also with the optimizer disabled, and inside
-//! subqueries, recursive CTEs, DML, CTAS and views) and handles what a marker's
-//! `simplify` cannot see from its arguments alone:
+//! subqueries, recursive CTEs, DML, CTAS and views) and rewrites each marker
+//! with the plan around it in view:
 //! - derived columns: `f` is rewritten to differentiate through definitions
 //!   below (see [`crate::lineage`]);
-//! - a marker whose `f` depends on an aggregate or window output, or on a
-//!   subquery correlated with the variable, is refused with a typed error
-//!   (never treated as an independent column, which would silently give 0);
-//! - when the optimizer will not run (`datafusion.optimizer.max_passes = 0`),
-//!   markers are rewritten here into their derivatives.
+//! - through aggregates: a marker whose `f` reads aggregate outputs is
+//!   rewritten by the chain rule across the Aggregate node (see
+//!   [`crate::aggregates`]);
+//! - a marker whose `f` depends on a window output, or on a subquery
+//!   correlated with the variable, is refused with a typed error (never
+//!   treated as an independent column, which would silently give 0);
+//! - the markers of one plan node are differentiated together in one DAG
+//!   ([`Workspace`]), and the subexpressions their derivatives share are
+//!   computed once, by projections inserted below the node ([`share`]): the
+//!   derivative stays `O(n)` for an `n`-node `f` instead of growing as a tree.
+//!   This applies to projections, aggregates, filters, sorts and windows;
+//!   markers elsewhere (e.g. a join condition) become self-contained
+//!   expressions, like the markers' own `simplify` produces.
+
+use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::Column;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema};
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection};
 use datafusion::optimizer::AnalyzerRule;
 
+use crate::aggregates::through_aggregates;
+use crate::engine::{share, Layer, Workspace};
 use crate::lineage::Scope;
 use crate::marker::{as_marker, expand_markers, MarkerKind};
 
-/// Differentiates through plan context; see the [module docs](self).
+/// Prefix of the placeholder columns that stand for a node's derivatives
+/// while their shared parts are bound.
+const ROOT_PREFIX: &str = "__dfgrad_root";
+
+/// Differentiates with the plan in view; see the [module docs](self).
 #[derive(Debug, Default)]
 pub struct GradAnalyzer;
 
 impl AnalyzerRule for GradAnalyzer {
-    fn analyze(&self, plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
-        let expand = config.optimizer.max_passes == 0;
-        plan.transform_up_with_subqueries(|node| rewrite_node(node, expand))
+    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        plan.transform_up_with_subqueries(rewrite_node)
             .map(|t| t.data)
     }
 
@@ -39,32 +54,191 @@ impl AnalyzerRule for GradAnalyzer {
     }
 }
 
-fn has_marker(e: &Expr) -> bool {
+/// Whether `e` calls a marker.
+pub(crate) fn has_marker(e: &Expr) -> bool {
     e.exists(|e| Ok(as_marker(e).is_some())).unwrap_or(false)
 }
 
-fn rewrite_node(node: LogicalPlan, expand: bool) -> Result<Transformed<LogicalPlan>> {
+/// Rewrites the markers of one plan node.
+pub(crate) fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
     }
+    let node = through_aggregates(node)?;
+    let node = inline_derived(node)?;
+    let plan = match node {
+        LogicalPlan::Projection(_)
+        | LogicalPlan::Aggregate(_)
+        | LogicalPlan::Filter(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Window(_) => differentiate_shared(node)?,
+        node => {
+            let schema = Scope::new(node.inputs())?.schema().clone();
+            node.map_expressions(|e| expand_markers(e, &schema))?
+                .data
+                .recompute_schema()?
+        }
+    };
+    Ok(Transformed::yes(plan))
+}
+
+/// `node` with derived columns inlined into its markers' `f`.
+fn inline_derived(node: LogicalPlan) -> Result<LogicalPlan> {
     let inputs: Vec<LogicalPlan> = node.inputs().into_iter().cloned().collect();
     let scope = Scope::new(inputs.iter().collect())?;
     let names = NamePreserver::new(&node);
     let rewritten = node.map_expressions(|e| {
         let saved = names.save(&e);
         let t = e.transform_up(|e| rewrite_marker(e, &scope))?;
-        let t = if expand {
-            t.transform_data(|e| expand_markers(e, scope.schema()))?
-        } else {
-            t
-        };
         Ok(t.update_data(|e| saved.restore(e)))
     })?;
     if rewritten.transformed {
-        rewritten.map_data(|plan| plan.recompute_schema())
+        rewritten.data.recompute_schema()
     } else {
-        Ok(rewritten)
+        Ok(rewritten.data)
     }
+}
+
+/// Differentiates the markers of a single-input `node` together, binding
+/// their shared parts to columns of projections inserted below it.
+fn differentiate_shared(node: LogicalPlan) -> Result<LogicalPlan> {
+    let input = node.inputs()[0].clone();
+    let schema = Arc::clone(input.schema());
+    let exprs = node.expressions();
+    let Some(rules) = exprs.iter().find_map(|e| {
+        let mut found = None;
+        e.apply(|e| {
+            found = as_marker(e).map(|m| Arc::clone(m.rules()));
+            Ok(match found {
+                Some(_) => TreeNodeRecursion::Stop,
+                None => TreeNodeRecursion::Continue,
+            })
+        })
+        .ok()?;
+        found
+    }) else {
+        return Ok(node);
+    };
+    let rules = rules.read().expect("rule table lock");
+    let mut ws = Workspace::new(&schema, &rules);
+    let names = NamePreserver::new(&node);
+    let mut roots = Vec::new();
+    let mut always = Vec::new();
+    let mut replaced = Vec::with_capacity(exprs.len());
+    for e in exprs {
+        let saved = names.save(&e);
+        let unconditional = !has_conditional(&e)?;
+        let e = e
+            .transform_down(|e| {
+                let Some(kind) = as_marker(&e).map(|m| m.kind()) else {
+                    return Ok(Transformed::no(e));
+                };
+                let Expr::ScalarFunction(call) = e else {
+                    unreachable!("as_marker matched a scalar function")
+                };
+                roots.push(ws.marker(kind, &call.args)?);
+                always.push(unconditional);
+                let name = format!("{ROOT_PREFIX}{}", roots.len() - 1);
+                Ok(Transformed::new(
+                    Expr::Column(Column::new_unqualified(name)),
+                    true,
+                    TreeNodeRecursion::Jump,
+                ))
+            })?
+            .data;
+        replaced.push((saved, e));
+    }
+    let shared = share(&mut ws, &roots, &always, &binding_prefix(&schema))?;
+    let mut new_exprs = Vec::with_capacity(replaced.len());
+    for (saved, e) in replaced {
+        let e = e
+            .transform_up(|e| match &e {
+                Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ROOT_PREFIX) => {
+                    let k: usize = c.name[ROOT_PREFIX.len()..]
+                        .parse()
+                        .expect("a root placeholder");
+                    Ok(Transformed::yes(shared.exprs[k].clone()))
+                }
+                _ => Ok(Transformed::no(e)),
+            })?
+            .data;
+        new_exprs.push(saved.restore(e));
+    }
+    let adds_columns = !shared.layers.is_empty()
+        && matches!(
+            node,
+            LogicalPlan::Filter(_) | LogicalPlan::Sort(_) | LogicalPlan::Window(_)
+        );
+    let output: Vec<Expr> = node
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    let plan = node.with_new_exprs(new_exprs, vec![bind(input, shared.layers)?])?;
+    if adds_columns {
+        // These nodes pass their input's columns on: drop the bound ones.
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            output,
+            Arc::new(plan),
+        )?))
+    } else {
+        Ok(plan)
+    }
+}
+
+/// Whether `e` evaluates some part only on some rows (`CASE`, `AND`/`OR`,
+/// `coalesce`) outside its markers: a marker there is not evaluated on every row.
+fn has_conditional(e: &Expr) -> Result<bool> {
+    let mut found = false;
+    e.apply(|e| {
+        if as_marker(e).is_some() {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        found |= match e {
+            Expr::Case(_) => true,
+            Expr::BinaryExpr(b) => matches!(b.op, Operator::And | Operator::Or),
+            Expr::ScalarFunction(f) => (1..f.args.len()).any(|i| !share::is_unconditional(e, i)),
+            _ => false,
+        };
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    })?;
+    Ok(found)
+}
+
+/// A prefix for bound columns that no column of `schema` starts with.
+fn binding_prefix(schema: &DFSchema) -> String {
+    (0..)
+        .map(|m| format!("__dfgrad{m}_"))
+        .find(|p| !schema.fields().iter().any(|f| f.name().starts_with(p)))
+        .expect("some prefix is free")
+}
+
+/// `input` under one projection per layer, each passing `input`'s columns on.
+fn bind(input: LogicalPlan, layers: Vec<Layer>) -> Result<LogicalPlan> {
+    let passed: Vec<Expr> = input
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    let mut plan = input;
+    for layer in layers {
+        let mut exprs = passed.clone();
+        exprs.extend(
+            layer
+                .carried
+                .into_iter()
+                .map(|n| Expr::Column(Column::new_unqualified(n))),
+        );
+        exprs.extend(layer.defined.into_iter().map(|(n, e)| e.alias(n)));
+        plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(plan))?);
+    }
+    Ok(plan)
 }
 
 /// Inlines derived columns into a marker's `f` (its first argument).
@@ -86,7 +260,7 @@ fn rewrite_marker(e: Expr, scope: &Scope) -> Result<Transformed<Expr>> {
 
 /// The variables of a marker call (none when its arity is wrong: the marker
 /// itself reports that).
-fn wrt_columns(kind: MarkerKind, args: &[Expr]) -> Vec<Column> {
+pub(crate) fn wrt_columns(kind: MarkerKind, args: &[Expr]) -> Vec<Column> {
     kind.wrt_positions(args.len())
         .unwrap_or_default()
         .into_iter()

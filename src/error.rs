@@ -33,6 +33,9 @@ pub enum ErrorKind {
     MarkerReachedExecution,
     /// An argument has a type that cannot be differentiated (e.g. a string).
     UnsupportedType,
+    /// A derivative is too large to write out as self-contained expressions
+    /// where its shared parts cannot be computed once.
+    DerivativeTooLarge,
 }
 
 impl ErrorKind {
@@ -45,6 +48,7 @@ impl ErrorKind {
             ErrorKind::NeedsPlanContext => "needs_plan_context",
             ErrorKind::MarkerReachedExecution => "marker_reached_execution",
             ErrorKind::UnsupportedType => "unsupported_type",
+            ErrorKind::DerivativeTooLarge => "derivative_too_large",
         }
     }
 }

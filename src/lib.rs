@@ -27,6 +27,7 @@
 //! the engine, and [`analyzer`] (with [`lineage`]) handles what needs plan
 //! context. Errors are typed ([`GradError`]).
 
+pub mod aggregates;
 pub mod analyzer;
 pub mod engine;
 pub mod error;

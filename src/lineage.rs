@@ -9,6 +9,7 @@
 //! `cos(x)·x + sin(x)`. When the variable is itself a derived column it is
 //! the variable: its definition is held fixed (a partial derivative).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -19,7 +20,21 @@ use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan};
 use crate::error::{fail, ErrorKind};
 
 /// The identity of a value: the plan node that defines it, and its index there.
-type Identity = (usize, usize);
+pub type Identity = (usize, usize);
+
+/// Prefix of the placeholder columns that stand for aggregate outputs in an
+/// expression inlined by [`Scope::inline_through_aggregates`].
+pub(crate) const AGGREGATE_PREFIX: &str = "__dfgrad_aggregate";
+
+/// An aggregate output that a differentiated expression reads: output `idx`
+/// (an aggregate expression, after the group keys) of the Aggregate `plan`.
+#[derive(Debug, Clone, Copy)]
+pub struct AggregateRef<'p> {
+    /// The Aggregate node.
+    pub plan: &'p LogicalPlan,
+    /// The output's index in its schema.
+    pub idx: usize,
+}
 
 /// Where a column's value comes from.
 enum Origin<'p> {
@@ -29,8 +44,12 @@ enum Origin<'p> {
         expr: &'p Expr,
         input: &'p LogicalPlan,
     },
-    /// An output of an aggregate or window function.
-    Aggregated { name: String },
+    /// Output `idx` of `plan`, an aggregate or window function's.
+    Aggregated {
+        name: String,
+        plan: &'p LogicalPlan,
+        idx: usize,
+    },
     /// Any other value (a table column, a constant scan, a recursive CTE, …).
     Base { id: Identity },
     /// A column of a set operation (`UNION`): each branch may compute it differently.
@@ -41,9 +60,16 @@ impl Origin<'_> {
     fn id(&self) -> Option<Identity> {
         match self {
             Origin::Derived { id, .. } | Origin::Base { id } | Origin::Mixed { id } => Some(*id),
-            Origin::Aggregated { .. } => None,
+            Origin::Aggregated { plan, idx, .. } => {
+                Some((*plan as *const LogicalPlan as usize, *idx))
+            }
         }
     }
+}
+
+/// The identity of the value of column `idx` of `plan`.
+pub fn identity_of(plan: &LogicalPlan, idx: usize) -> Result<Option<Identity>> {
+    Ok(trace(plan, idx)?.id())
 }
 
 /// Follows column `idx` of `plan` down to its origin.
@@ -95,7 +121,7 @@ fn trace(mut plan: &LogicalPlan, mut idx: usize) -> Result<Origin<'_>> {
             LogicalPlan::Aggregate(a) => {
                 if idx >= a.group_expr.len() {
                     let name = a.schema.field(idx).name().clone();
-                    return Ok(Origin::Aggregated { name });
+                    return Ok(Origin::Aggregated { name, plan, idx });
                 }
                 match unalias(&a.group_expr[idx]) {
                     Expr::Column(c) => {
@@ -108,7 +134,7 @@ fn trace(mut plan: &LogicalPlan, mut idx: usize) -> Result<Origin<'_>> {
             LogicalPlan::Window(w) => {
                 if idx >= w.input.schema().fields().len() {
                     let name = w.schema.field(idx).name().clone();
-                    return Ok(Origin::Aggregated { name });
+                    return Ok(Origin::Aggregated { name, plan, idx });
                 }
                 &w.input
             }
@@ -174,10 +200,43 @@ impl<'p> Scope<'p> {
         unreachable!("index within the merged schema")
     }
 
+    /// The identity of the value of column `c` of the scope.
+    pub fn identity(&self, c: &Column) -> Result<Option<Identity>> {
+        Ok(self.origin(self.schema.index_of_column(c)?)?.id())
+    }
+
+    /// Whether a value of identity `id` is visible at the scope.
+    pub fn sees(&self, id: Identity) -> bool {
+        self.visible.contains_key(&id)
+    }
+
+    /// Like [`Scope::inline`], but an aggregate output that `f` reads (in
+    /// itself or through derived columns) is replaced by a placeholder column
+    /// `{AGGREGATE_PREFIX}{k}` for the `k`-th returned reference, instead of
+    /// being refused.
+    pub fn inline_through_aggregates(
+        &self,
+        f: Expr,
+        wrt: &[Column],
+    ) -> Result<(Expr, Vec<AggregateRef<'p>>)> {
+        let record = RefCell::new(Vec::new());
+        let f = self.inline_with(f, wrt, Some(&record))?.data;
+        Ok((f, record.into_inner()))
+    }
+
     /// `f` with every derived column that depends on a variable in `wrt`
     /// replaced by its definition. Refuses `f` when it depends on an
     /// aggregate or window output (that needs the aggregate rule).
     pub fn inline(&self, f: Expr, wrt: &[Column]) -> Result<Transformed<Expr>> {
+        self.inline_with(f, wrt, None)
+    }
+
+    fn inline_with(
+        &self,
+        f: Expr,
+        wrt: &[Column],
+        record: Option<&RefCell<Vec<AggregateRef<'p>>>>,
+    ) -> Result<Transformed<Expr>> {
         let mut wrt_ids = HashMap::new();
         for c in wrt {
             if let Ok(idx) = self.schema.index_of_column(c) {
@@ -189,6 +248,7 @@ impl<'p> Scope<'p> {
         let inliner = Inliner {
             scope: self,
             wrt: &wrt_ids,
+            record,
         };
         f.transform_up(|e| match &e {
             Expr::Column(c) => {
@@ -207,12 +267,19 @@ impl<'p> Scope<'p> {
 struct Inliner<'s, 'p> {
     scope: &'s Scope<'p>,
     wrt: &'s HashMap<Identity, Column>,
+    /// Where aggregate outputs are recorded, when they are differentiated through.
+    record: Option<&'s RefCell<Vec<AggregateRef<'p>>>>,
 }
 
-impl Inliner<'_, '_> {
+impl<'p> Inliner<'_, 'p> {
     /// The expression that stands for a column of origin `origin` at the scope;
     /// `here` is the column if it is itself visible at the scope.
-    fn resolve(&self, origin: &Origin, here: &Column, at_top: bool) -> Result<Transformed<Expr>> {
+    fn resolve(
+        &self,
+        origin: &Origin<'p>,
+        here: &Column,
+        at_top: bool,
+    ) -> Result<Transformed<Expr>> {
         if let Some(id) = origin.id() {
             if let Some(w) = self.wrt.get(&id) {
                 return Ok(Transformed::new_transformed(
@@ -223,12 +290,29 @@ impl Inliner<'_, '_> {
         }
         self.check_mixed(origin, here)?;
         match origin {
-            Origin::Aggregated { name } => fail(
+            Origin::Aggregated { plan, idx, .. } if self.recording(plan) => {
+                let mut refs = self.record.expect("recording").borrow_mut();
+                let k = match refs
+                    .iter()
+                    .position(|r| std::ptr::eq(r.plan, *plan) && r.idx == *idx)
+                {
+                    Some(k) => k,
+                    None => {
+                        refs.push(AggregateRef { plan, idx: *idx });
+                        refs.len() - 1
+                    }
+                };
+                Ok(Transformed::yes(Expr::Column(Column::new_unqualified(
+                    format!("{AGGREGATE_PREFIX}{k}"),
+                ))))
+            }
+            Origin::Aggregated { name, .. } => fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
-                    "the differentiated expression depends on `{name}`, an aggregate or window \
-                     output; differentiating through aggregates is not supported yet: put the \
-                     marker inside the aggregate instead, e.g. avg(grad(f, x))"
+                    "the differentiated expression depends on `{name}`, a window function \
+                     output; differentiating through window functions is not supported yet: \
+                     put the marker inside the window function's argument instead, e.g. \
+                     avg(grad(f, x)) OVER (…)"
                 ),
             ),
             Origin::Derived { expr, input, .. } if self.depends(expr, input)? => {
@@ -253,6 +337,11 @@ impl Inliner<'_, '_> {
         }
     }
 
+    /// Whether outputs of `plan` are recorded (an Aggregate, in recording mode).
+    fn recording(&self, plan: &LogicalPlan) -> bool {
+        self.record.is_some() && matches!(plan, LogicalPlan::Aggregate(_))
+    }
+
     /// Refuses a UNION column when the variable comes from the same UNION.
     fn check_mixed(&self, origin: &Origin, here: &Column) -> Result<()> {
         if let Origin::Mixed { id } = origin {
@@ -271,7 +360,12 @@ impl Inliner<'_, '_> {
     }
 
     /// `expr` (a definition over `input`) written in the scope's columns.
-    fn inline_definition(&self, expr: &Expr, input: &LogicalPlan, name: &Column) -> Result<Expr> {
+    fn inline_definition(
+        &self,
+        expr: &'p Expr,
+        input: &'p LogicalPlan,
+        name: &Column,
+    ) -> Result<Expr> {
         let mut has_subquery = false;
         expr.apply(|e| {
             has_subquery |= matches!(
@@ -299,7 +393,7 @@ impl Inliner<'_, '_> {
     }
 
     /// Whether `expr` over `input` depends on a variable; refuses aggregate outputs.
-    fn depends(&self, expr: &Expr, input: &LogicalPlan) -> Result<bool> {
+    fn depends(&self, expr: &'p Expr, input: &'p LogicalPlan) -> Result<bool> {
         let mut found = false;
         let mut failure = None;
         expr.apply(|e| {
@@ -309,6 +403,14 @@ impl Inliner<'_, '_> {
                     .index_of_column(c)
                     .and_then(|i| trace(input, i))
                     .and_then(|origin| match &origin {
+                        Origin::Aggregated { plan, idx, .. }
+                            if self
+                                .wrt
+                                .contains_key(&(*plan as *const LogicalPlan as usize, *idx)) =>
+                        {
+                            Ok(true)
+                        }
+                        Origin::Aggregated { plan, .. } if self.recording(plan) => Ok(true),
                         Origin::Aggregated { .. } => self.resolve(&origin, c, false).map(|_| false),
                         Origin::Mixed { .. } => self.check_mixed(&origin, c).map(|_| false),
                         Origin::Derived { id, expr, input } => {

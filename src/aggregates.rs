@@ -1,0 +1,363 @@
+//! Differentiating *through* aggregates: `grad(avg(loss), w)`,
+//! `grad(sqrt(avg(e * e)), w)`, `grad(ln(sum(exp(z))), w)` where `w` is a
+//! GROUP BY key (constant within each group).
+//!
+//! For a marker whose `f` reads aggregate outputs `A₁ … Aₘ` (directly or
+//! through derived columns), the chain rule gives
+//! `df/dw = Σⱼ ∂f/∂Aⱼ · dAⱼ/dw + ∂f/∂w`. Each `dAⱼ/dw` is an aggregate of the
+//! row-wise derivatives of `Aⱼ`'s arguments ([`crate::rules::aggregate`]),
+//! added to the same Aggregate node, so it is computed in the same pass over
+//! the rows. Those columns (and a copy of each `Aⱼ`) are carried up to the
+//! marker's node, and the marker becomes the forward-mode
+//! `jvp(f, A₁, dA₁/dw, …, Aₘ, dAₘ/dw, w, 1)`, which the analyzer then
+//! differentiates like any other marker.
+//!
+//! Refused with a typed error: `w` varying within a group (it must be a GROUP
+//! BY key, or the marker goes inside the aggregate), `DISTINCT` aggregates,
+//! aggregates without a rule (`min`, `max`, `median`, …), window outputs, and
+//! a marker nested inside another marker that reads aggregates.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::Column;
+use datafusion::error::Result;
+use datafusion::functions::core::expr_fn::named_struct;
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::{
+    lit, Aggregate, Expr, JoinType, LogicalPlan, Projection, ScalarUDF,
+};
+
+use crate::analyzer::{has_marker, rewrite_node, wrt_columns};
+use crate::error::{fail, ErrorKind, GradError};
+use crate::lineage::{identity_of, AggregateRef, Scope, AGGREGATE_PREFIX};
+use crate::marker::{as_marker, Marker, MarkerKind};
+use crate::rules::aggregate::{aggregate_rule, AggregateCall};
+
+/// Rewrites the markers of `node` that read aggregate outputs, adding their
+/// derivative aggregates below; `node` unchanged when none does.
+pub fn through_aggregates(node: LogicalPlan) -> Result<LogicalPlan> {
+    let inputs: Vec<LogicalPlan> = node.inputs().into_iter().cloned().collect();
+    let scope = Scope::new(inputs.iter().collect())?;
+    let mut added = Added::default();
+    let names = NamePreserver::new(&node);
+    let mut changed = false;
+    let mut exprs = Vec::new();
+    for e in node.expressions() {
+        let saved = names.save(&e);
+        let t = e.transform_down(|e| rewrite_marker(e, &scope, &mut added))?;
+        changed |= t.transformed;
+        exprs.push(saved.restore(t.data));
+    }
+    if !changed {
+        return Ok(node);
+    }
+    let mut new_inputs = Vec::with_capacity(inputs.len());
+    for input in &inputs {
+        new_inputs.push(match carry(input, &added)? {
+            Some((plan, _)) => plan,
+            None => input.clone(),
+        });
+    }
+    node.with_new_exprs(exprs, new_inputs)
+}
+
+/// The aggregate expressions to add to each Aggregate node (by address),
+/// with the names of their columns.
+#[derive(Default)]
+struct Added {
+    by_node: HashMap<usize, Vec<(String, Expr)>>,
+    count: usize,
+}
+
+impl Added {
+    /// A column `agg` of the Aggregate `plan`, reusing an equal one.
+    fn column(&mut self, plan: &LogicalPlan, agg: Expr) -> Expr {
+        let list = self.by_node.entry(address(plan)).or_default();
+        let name = match list.iter().find(|(_, e)| *e == agg) {
+            Some((name, _)) => name.clone(),
+            None => {
+                let name = format!("__dfgrad_agg{}", self.count);
+                self.count += 1;
+                list.push((name.clone(), agg));
+                name
+            }
+        };
+        Expr::Column(Column::new_unqualified(name))
+    }
+}
+
+fn address(plan: &LogicalPlan) -> usize {
+    plan as *const LogicalPlan as usize
+}
+
+/// One marker: when its `f` reads aggregate outputs, the equivalent `jvp`
+/// form over columns carried up from the aggregates.
+fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transformed<Expr>> {
+    let Some(marker) = as_marker(&e) else {
+        return Ok(Transformed::no(e));
+    };
+    let (kind, rules) = (marker.kind(), Arc::clone(marker.rules()));
+    let Expr::ScalarFunction(call) = &e else {
+        unreachable!("as_marker matched a scalar function")
+    };
+    let wrt = wrt_columns(kind, &call.args);
+    let (f, refs) = scope.inline_through_aggregates(call.args[0].clone(), &wrt)?;
+    if refs.is_empty() {
+        return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
+    }
+    if has_marker(&f) {
+        return fail(
+            ErrorKind::NeedsPlanContext,
+            format!(
+                "{}: a nested marker reads an aggregate output; higher derivatives through \
+                 aggregates are not supported",
+                kind.name()
+            ),
+        );
+    }
+    // f over copies of the aggregate outputs, carried up under new names.
+    let values: Vec<Expr> = refs
+        .iter()
+        .map(|r| added.column(r.plan, aggregate_call(r).clone()))
+        .collect();
+    let f = f
+        .transform_up(|e| match &e {
+            Expr::Column(c) if c.relation.is_none() && c.name.starts_with(AGGREGATE_PREFIX) => {
+                let k: usize = c.name[AGGREGATE_PREFIX.len()..]
+                    .parse()
+                    .expect("an aggregate placeholder");
+                Ok(Transformed::yes(values[k].clone()))
+            }
+            _ => Ok(Transformed::no(e)),
+        })?
+        .data;
+    let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
+    let jvp = Arc::new(ScalarUDF::new_from_impl(Marker::new(
+        MarkerKind::Jvp,
+        rules,
+    )));
+    // The total derivative with respect to each variable.
+    let mut totals = Vec::with_capacity(wrt.len());
+    for w in &wrt {
+        let id = scope.identity(w)?;
+        let mut args = vec![f.clone()];
+        for (r, value) in refs.iter().zip(&values) {
+            args.push(value.clone());
+            args.push(derivative_aggregate(r, id, w, &grad, added)?);
+        }
+        args.extend([Expr::Column(w.clone()), lit(1.0)]);
+        totals.push(Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::clone(&jvp),
+            args,
+        )));
+    }
+    let args = &call.args;
+    let result = match kind {
+        MarkerKind::Grad | MarkerKind::Vjp => {
+            let totals: Vec<Expr> = match kind {
+                MarkerKind::Vjp => totals.into_iter().map(|t| args[2].clone() * t).collect(),
+                _ => totals,
+            };
+            if totals.len() == 1 {
+                totals.into_iter().next().expect("one total")
+            } else {
+                let names = kind.struct_names(wrt.iter().map(|c| c.name.as_str()))?;
+                named_struct(
+                    names
+                        .into_iter()
+                        .zip(totals)
+                        .flat_map(|(n, t)| [lit(n), t])
+                        .collect(),
+                )
+            }
+        }
+        MarkerKind::Jvp => totals
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| args[2 * i + 2].clone() * t)
+            .reduce(|a, b| a + b)
+            .expect("at least one variable"),
+    };
+    Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
+}
+
+/// The aggregate expression behind an aggregate output.
+fn aggregate_call<'p>(r: &AggregateRef<'p>) -> &'p Expr {
+    let LogicalPlan::Aggregate(a) = r.plan else {
+        unreachable!("aggregate references point at Aggregate nodes")
+    };
+    unalias(&a.aggr_expr[r.idx - a.group_expr.len()])
+}
+
+fn unalias(e: &Expr) -> &Expr {
+    match e {
+        Expr::Alias(a) => unalias(&a.expr),
+        e => e,
+    }
+}
+
+/// `dA/dw` for the aggregate output `r` as an expression over new aggregate
+/// columns of its node; `id` is the variable's identity.
+fn derivative_aggregate(
+    r: &AggregateRef,
+    id: Option<crate::lineage::Identity>,
+    w: &Column,
+    grad: &ScalarUDF,
+    added: &mut Added,
+) -> Result<Expr> {
+    let LogicalPlan::Aggregate(a) = r.plan else {
+        unreachable!("aggregate references point at Aggregate nodes")
+    };
+    let Expr::AggregateFunction(call) = aggregate_call(r) else {
+        return fail(
+            ErrorKind::NeedsPlanContext,
+            format!("`{}` is not an aggregate call", aggregate_call(r)),
+        );
+    };
+    let name = call.func.name();
+    // The variable below the aggregate: one of its group keys.
+    let mut key = None;
+    for (i, g) in a.group_expr.iter().enumerate() {
+        if id.is_some() && identity_of(r.plan, i)? == id {
+            key = Some(g);
+        }
+    }
+    let w_in = match key.map(unalias) {
+        Some(Expr::Column(c)) => c.clone(),
+        Some(other) => {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "the variable `{w}` is the group key `{other}`, an expression; group by \
+                     the column itself to differentiate {name}(…) with respect to it"
+                ),
+            )
+        }
+        None => {
+            let below = Scope::new(vec![a.input.as_ref()])?;
+            if id.is_some_and(|id| below.sees(id)) {
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "the variable `{w}` varies within the groups of {name}(…): add it to \
+                         the GROUP BY (it is then constant within each group), or put the \
+                         marker inside the aggregate, e.g. avg(grad(f, {w}))"
+                    ),
+                );
+            }
+            // The aggregate's input does not see the variable at all.
+            return Ok(lit(0.0));
+        }
+    };
+    if call.params.distinct {
+        return fail(
+            ErrorKind::NonDifferentiable,
+            format!("{name}(DISTINCT …) has no derivative: equal values are merged"),
+        );
+    }
+    let rule = aggregate_rule(call).ok_or_else(|| {
+        GradError::non_differentiable(
+            name,
+            "no derivative rule is registered for this aggregate (supported: sum, avg, count, \
+             var_samp, var_pop, stddev, stddev_pop, covar_samp, covar_pop)",
+        )
+    })?;
+    let derivatives = call
+        .params
+        .args
+        .iter()
+        .map(|g| grad.call(vec![g.clone(), Expr::Column(w_in.clone())]))
+        .collect();
+    let derivative = rule(&AggregateCall::new(call, derivatives))?;
+    // Each aggregate call in the rule's result becomes a column of the node.
+    Ok(derivative
+        .transform_down(|e| match e {
+            Expr::AggregateFunction(_) => Ok(Transformed::new(
+                added.column(r.plan, e),
+                true,
+                TreeNodeRecursion::Jump,
+            )),
+            e => Ok(Transformed::no(e)),
+        })?
+        .data)
+}
+
+/// `plan` with the added aggregate columns computed in their Aggregate nodes
+/// and passed up to `plan`'s output, and their names; `None` when no added
+/// column is below `plan`.
+fn carry(plan: &LogicalPlan, added: &Added) -> Result<Option<(LogicalPlan, Vec<String>)>> {
+    if let Some(columns) = added.by_node.get(&address(plan)) {
+        let LogicalPlan::Aggregate(a) = plan else {
+            unreachable!("columns are added to Aggregate nodes")
+        };
+        let mut aggr = a.aggr_expr.clone();
+        aggr.extend(columns.iter().map(|(n, e)| e.clone().alias(n)));
+        let node = LogicalPlan::Aggregate(Aggregate::try_new(
+            Arc::clone(&a.input),
+            a.group_expr.clone(),
+            aggr,
+        )?);
+        // The new aggregates hold markers: differentiate them now.
+        let node = rewrite_node(node)?.data;
+        return Ok(Some((
+            node,
+            columns.iter().map(|(n, _)| n.clone()).collect(),
+        )));
+    }
+    let mut inputs = Vec::new();
+    let mut names = Vec::new();
+    let mut changed = false;
+    for input in plan.inputs() {
+        match carry(input, added)? {
+            Some((p, n)) => {
+                changed = true;
+                inputs.push(p);
+                names.extend(n);
+            }
+            None => inputs.push(input.clone()),
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    let node = match plan {
+        LogicalPlan::Projection(p) => {
+            let mut exprs = p.expr.clone();
+            exprs.extend(
+                names
+                    .iter()
+                    .map(|n| Expr::Column(Column::new_unqualified(n))),
+            );
+            let input = inputs.pop().expect("one input");
+            LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?)
+        }
+        LogicalPlan::Filter(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::Repartition(_)
+        | LogicalPlan::Window(_) => plan.with_new_exprs(plan.expressions(), inputs)?,
+        LogicalPlan::Join(j)
+            if matches!(
+                j.join_type,
+                JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full
+            ) =>
+        {
+            plan.with_new_exprs(plan.expressions(), inputs)?
+        }
+        other => {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "the derivative of an aggregate cannot be carried up through this plan \
+                     node: {}",
+                    other.display()
+                ),
+            )
+        }
+    };
+    Ok(Some((node, names)))
+}

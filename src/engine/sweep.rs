@@ -1,0 +1,297 @@
+//! One sweep of accumulation over a [`Workspace`]'s DAG: reverse mode
+//! (adjoints, for `grad` and `vjp`) or forward mode (tangents, for `jvp`),
+//! with the partials of each node taken from the rule table.
+
+use std::collections::HashMap;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::{Column, ScalarValue};
+use datafusion::error::Result;
+use datafusion::logical_expr::{Expr, Operator};
+
+use super::graph::{self, NodeId};
+use super::primitive;
+use super::workspace::{to_float, Workspace};
+use crate::error::{fail, ErrorKind, GradError};
+use crate::rules::{Call, Partial, ARG_PREFIX};
+
+/// The state of one differentiation of the node `root`.
+pub(crate) struct Sweep<'w, 'a> {
+    pub(crate) ws: &'w mut Workspace<'a>,
+    root: NodeId,
+    wrt: Vec<NodeId>,
+    active: Vec<bool>,
+}
+
+/// An adjoint or tangent: a node, and the guard of its path — a boolean node
+/// that is true on the rows where every selection along the path (`CASE`
+/// branch, `greatest` argument, …) is taken; `None` when it is every row.
+pub(crate) type Flow = (NodeId, Option<NodeId>);
+
+/// A local partial derivative: a node, and whether it selects (is NULL on the
+/// rows where its argument is not the one selected).
+type Local = (NodeId, bool);
+
+impl<'w, 'a> Sweep<'w, 'a> {
+    /// A sweep over `root` with respect to the columns `wrt`.
+    pub(crate) fn new(ws: &'w mut Workspace<'a>, root: NodeId, wrt: &[Column]) -> Result<Self> {
+        let mut wrt_ids = Vec::with_capacity(wrt.len());
+        for c in wrt {
+            let t = ws
+                .schema()
+                .qualified_field_from_column(c)?
+                .1
+                .data_type()
+                .clone();
+            let mut v = Expr::Column(c.clone());
+            if t != DataType::Float64 {
+                v = to_float(v);
+            }
+            wrt_ids.push(ws.g.intern(v, false, &mut |_| Ok(None))?);
+        }
+        let g = &ws.g;
+        let mut active = vec![false; g.len()];
+        for id in 0..g.len() {
+            let shell = g.shell(id);
+            primitive::check_volatility(shell)?;
+            active[id] = wrt_ids.contains(&id)
+                || (!primitive::blocks(shell)
+                    && g.args(id)
+                        .iter()
+                        .enumerate()
+                        .any(|(i, &a)| active[a] && primitive::differentiated(shell, i)));
+        }
+        Ok(Self {
+            ws,
+            root,
+            wrt: wrt_ids,
+            active,
+        })
+    }
+
+    fn is_active(&self, id: NodeId) -> bool {
+        self.active.get(id).copied().unwrap_or(false)
+    }
+
+    /// Reverse accumulation from the root seeded with `seed`; one flow per variable.
+    pub(crate) fn reverse(&mut self, seed: Flow) -> Result<Vec<Flow>> {
+        let zero = self.ws.g.num(0.0);
+        let mut results = vec![(zero, None); self.wrt.len()];
+        if !self.is_active(self.root) {
+            return Ok(results);
+        }
+        let mut incoming: HashMap<NodeId, Vec<Flow>> = HashMap::new();
+        incoming.insert(self.root, vec![seed]);
+        for id in (0..=self.root).rev() {
+            let Some(terms) = incoming.remove(&id) else {
+                continue;
+            };
+            let adjoint = self.sum(terms);
+            if let Some(k) = self.wrt.iter().position(|&w| w == id) {
+                results[k] = adjoint;
+                continue;
+            }
+            let args = self.ws.g.args(id).to_vec();
+            for (arg, partial) in args.into_iter().zip(self.partials(id)?) {
+                if let (true, Some(p)) = (self.is_active(arg), partial) {
+                    let term = self.product(adjoint, p)?;
+                    incoming.entry(arg).or_default().push(term);
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// Forward accumulation with one tangent per variable; the root's tangent.
+    pub(crate) fn forward(&mut self, tangents: &[NodeId]) -> Result<Flow> {
+        let mut needed = vec![false; self.root + 1];
+        needed[self.root] = self.is_active(self.root);
+        for id in (0..=self.root).rev() {
+            if !needed[id] || self.wrt.contains(&id) {
+                continue;
+            }
+            let shell = self.ws.g.shell(id).clone();
+            for (i, &a) in self.ws.g.args(id).iter().enumerate() {
+                if self.is_active(a) && primitive::differentiated(&shell, i) {
+                    needed[a] = true;
+                }
+            }
+        }
+        let mut tangent: HashMap<NodeId, Flow> = HashMap::new();
+        let order: Vec<NodeId> = (0..=self.root).filter(|&id| needed[id]).collect();
+        for id in order {
+            if let Some(k) = self.wrt.iter().position(|&w| w == id) {
+                tangent.insert(id, (tangents[k], None));
+                continue;
+            }
+            let args = self.ws.g.args(id).to_vec();
+            let mut terms = Vec::new();
+            for (arg, partial) in args.into_iter().zip(self.partials(id)?) {
+                if let (Some(&t), Some(p)) = (tangent.get(&arg), partial) {
+                    terms.push(self.product(t, p)?);
+                }
+            }
+            let flow = if terms.is_empty() {
+                (self.ws.g.num(0.0), None)
+            } else {
+                self.sum(terms)
+            };
+            tangent.insert(id, flow);
+        }
+        Ok(tangent
+            .get(&self.root)
+            .copied()
+            .unwrap_or_else(|| (self.ws.g.num(0.0), None)))
+    }
+
+    /// The flow `flow · p` along one edge.
+    ///
+    /// A guarded flow is NULL off its guard, so `flow · p` is too. When `p`
+    /// might raise an error where its branch is not taken (see
+    /// [`Sweep::is_safe`]) the product becomes `CASE WHEN guard THEN flow · p
+    /// END`, so `p` is only evaluated on the selected rows, as `f`'s own `CASE`
+    /// does (`sqrt` of a negative number in an unselected branch never raises
+    /// an error). When `p` selects (is NULL off its branch), the guard narrows
+    /// to `CASE WHEN guard THEN p IS NOT NULL ELSE false END`. Guards are built
+    /// from selection conditions only, never from flows, so no flow is
+    /// duplicated in the emitted expression.
+    fn product(&mut self, (flow, guard): Flow, (p, selects): Local) -> Result<Flow> {
+        let mut term = self.ws.g.binary(Operator::Multiply, flow, p);
+        if let Some(g) = guard {
+            if self.ws.g.number(term) != Some(0.0) && !self.ws.is_safe(p)? {
+                term = self.ws.case_when(g, term, None);
+            }
+        }
+        if !selects {
+            return Ok((term, guard));
+        }
+        let on_branch = self
+            .ws
+            .g
+            .add(Expr::IsNotNull(Box::new(graph::hole())), vec![p]);
+        let guard = match guard {
+            None => on_branch,
+            Some(g) => {
+                let no = self.ws.g.add(
+                    Expr::Literal(ScalarValue::Boolean(Some(false)), None),
+                    vec![],
+                );
+                self.ws.case_when(g, on_branch, Some(no))
+            }
+        };
+        Ok((term, Some(guard)))
+    }
+
+    /// Sums flows; off its guard, a term counts as 0. When every term is
+    /// guarded, the sum is guarded by the union of the guards (and NULL off it).
+    fn sum(&mut self, terms: Vec<Flow>) -> Flow {
+        if terms.len() == 1 {
+            return terms[0];
+        }
+        let mut guards: Vec<NodeId> = Vec::new();
+        let mut all_guarded = true;
+        let mut ids = Vec::with_capacity(terms.len());
+        for (t, guard) in terms {
+            match guard {
+                Some(g) => {
+                    if !guards.contains(&g) {
+                        guards.push(g);
+                    }
+                    ids.push(self.ws.zero_off(g, t));
+                }
+                None => {
+                    all_guarded = false;
+                    ids.push(t);
+                }
+            }
+        }
+        let total = ids
+            .into_iter()
+            .reduce(|a, b| self.ws.g.binary(Operator::Plus, a, b))
+            .expect("at least one term");
+        if !all_guarded {
+            return (total, None);
+        }
+        let guard = guards
+            .into_iter()
+            .reduce(|a, b| self.ws.g.binary(Operator::Or, a, b))
+            .expect("at least one guard");
+        (self.ws.case_when(guard, total, None), Some(guard))
+    }
+
+    /// The partial derivatives of node `id`, interned: `(node, selected)` per argument.
+    fn partials(&mut self, id: NodeId) -> Result<Vec<Option<Local>>> {
+        let shell = self.ws.g.shell(id).clone();
+        let key = primitive::rule_key(&shell)?;
+        let rule = self
+            .ws
+            .rules
+            .get(&key)
+            .or_else(|| match &shell {
+                Expr::ScalarFunction(f) => {
+                    f.func.aliases().iter().find_map(|a| self.ws.rules.get(a))
+                }
+                _ => None,
+            })
+            .cloned()
+            .ok_or_else(|| {
+                GradError::non_differentiable(&key, "no derivative rule is registered for it")
+            })?;
+        let args = self.ws.g.args(id).to_vec();
+        let symbolic: Vec<Expr> = args
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| match self.ws.literal_value(a) {
+                Some(v) => crate::rules::num(v),
+                None => Call::placeholder(i),
+            })
+            .collect();
+        let call = Call::new(symbolic.clone(), graph::fill(shell, symbolic));
+        let partials = rule.partials(&call)?;
+        if partials.len() != args.len() {
+            return fail(
+                ErrorKind::NonDifferentiable,
+                format!(
+                    "the rule for `{key}` returned {} partials for {} arguments",
+                    partials.len(),
+                    args.len()
+                ),
+            );
+        }
+        // Numbers enter partials as Float64; other arguments (CASE conditions) as they are.
+        let mut values: Vec<NodeId> = Vec::with_capacity(args.len());
+        for &a in &args {
+            let numeric = self
+                .ws
+                .data_type(a)
+                .is_ok_and(|t| t.is_numeric() || t == DataType::Null);
+            values.push(if numeric { self.ws.value(a)? } else { a });
+        }
+        let mut out = Vec::with_capacity(args.len());
+        for partial in partials {
+            let (expr, selected) = match partial {
+                Partial::Zero => {
+                    out.push(None);
+                    continue;
+                }
+                Partial::Value(e) => (e, false),
+                Partial::Selected(e) => (e, true),
+            };
+            let node = self.ws.g.intern(expr, true, &mut |e| match e {
+                Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ARG_PREFIX) => {
+                    let i: usize = c.name[ARG_PREFIX.len()..].parse().unwrap_or(usize::MAX);
+                    match values.get(i) {
+                        Some(v) => Ok(Some(*v)),
+                        None => fail(
+                            ErrorKind::NonDifferentiable,
+                            format!("the rule for `{key}` refers to a missing argument {i}"),
+                        ),
+                    }
+                }
+                _ => Ok(None),
+            })?;
+            out.push(Some((node, selected)));
+        }
+        Ok(out)
+    }
+}

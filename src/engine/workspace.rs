@@ -1,0 +1,401 @@
+//! A workspace: one hash-consed DAG in which any number of derivatives over
+//! one schema are built, so they share every common subexpression — with each
+//! other (`grad(loss, w)` and `grad(loss, b)` in one `SELECT`), with `f`, and
+//! across nesting (`grad(grad(f, x), x)` differentiates the inner derivative's
+//! DAG, never its expanded tree).
+
+use std::collections::{BTreeSet, HashMap};
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::error::Result;
+use datafusion::functions::core::named_struct;
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::logical_expr::{Case, Cast, Expr, ExprSchemable, Operator};
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+
+use super::graph::{self, Graph, NodeId};
+use super::primitive;
+use super::sweep::Sweep;
+use super::Seed;
+use crate::error::{fail, ErrorKind};
+use crate::marker::{as_marker, MarkerKind};
+use crate::rules::Rules;
+
+/// Prefix of the placeholder columns that stand for nested markers' derivatives.
+const NODE_PREFIX: &str = "__dfgrad_node";
+
+/// Derivatives under construction over one schema.
+pub struct Workspace<'a> {
+    pub(crate) g: Graph,
+    schema: &'a DFSchema,
+    pub(crate) rules: &'a Rules,
+    types: HashMap<NodeId, DataType>,
+    safe: HashMap<NodeId, bool>,
+}
+
+impl<'a> Workspace<'a> {
+    /// An empty workspace for expressions over `schema`, differentiated with `rules`.
+    pub fn new(schema: &'a DFSchema, rules: &'a Rules) -> Self {
+        Self {
+            g: Graph::new(),
+            schema,
+            rules,
+            types: HashMap::new(),
+            safe: HashMap::new(),
+        }
+    }
+
+    /// The DAG built so far.
+    pub fn graph(&self) -> &Graph {
+        &self.g
+    }
+
+    /// The schema the expressions are evaluated against.
+    pub fn schema(&self) -> &DFSchema {
+        self.schema
+    }
+
+    /// Adds `e` to the DAG. Marker calls inside `e` (`grad`, `jvp`, `vjp`) are
+    /// differentiated here, into the same DAG.
+    pub fn intern(&mut self, e: Expr) -> Result<NodeId> {
+        let mut inner: Vec<NodeId> = Vec::new();
+        let e = e
+            .transform_down(|e| {
+                let Some(kind) = as_marker(&e).map(|m| m.kind()) else {
+                    return Ok(Transformed::no(e));
+                };
+                let Expr::ScalarFunction(call) = e else {
+                    unreachable!("as_marker matched a scalar function")
+                };
+                inner.push(self.marker(kind, &call.args)?);
+                let name = format!("{NODE_PREFIX}{}", inner.len() - 1);
+                Ok(Transformed::new(
+                    Expr::Column(Column::new_unqualified(name)),
+                    true,
+                    TreeNodeRecursion::Jump,
+                ))
+            })?
+            .data;
+        self.g.intern(e, false, &mut |e| match e {
+            Expr::Column(c) if c.relation.is_none() && c.name.starts_with(NODE_PREFIX) => Ok(c
+                .name[NODE_PREFIX.len()..]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| inner.get(i).copied())),
+            _ => Ok(None),
+        })
+    }
+
+    /// The derivative a marker call of `kind` with `args` stands for: one
+    /// Float64 node, or a struct of them (one field per variable).
+    pub fn marker(&mut self, kind: MarkerKind, args: &[Expr]) -> Result<NodeId> {
+        let (wrt, seed) = kind.request(args)?;
+        let outputs = self.derivative(&args[0], &wrt, seed)?;
+        if outputs.len() == 1 {
+            return Ok(outputs[0]);
+        }
+        let names = kind.struct_names(wrt.iter().map(|c| c.name.as_str()))?;
+        let mut fields = Vec::with_capacity(2 * outputs.len());
+        for (name, d) in names.into_iter().zip(outputs) {
+            let name = self
+                .g
+                .add(Expr::Literal(ScalarValue::Utf8(Some(name)), None), vec![]);
+            fields.extend([name, d]);
+        }
+        let shell = Expr::ScalarFunction(ScalarFunction::new_udf(
+            named_struct(),
+            vec![graph::hole(); fields.len()],
+        ));
+        Ok(self.g.add(shell, fields))
+    }
+
+    /// The derivatives of `f` with respect to `wrt` as seeded by `seed`: one
+    /// node per variable (`grad`, `vjp`) or one node (`jvp`), Float64, NULL
+    /// exactly where `f` (or a tangent/cotangent) is NULL.
+    pub fn derivative(&mut self, f: &Expr, wrt: &[Column], seed: Seed) -> Result<Vec<NodeId>> {
+        let promoted = promote_variables(f.clone(), wrt, self.schema)?;
+        let root = self.intern(promoted)?;
+        let mut nullable = vec![];
+        if f.nullable(self.schema)? {
+            nullable.push(root);
+        }
+        let seeds = match &seed {
+            Seed::Grad => vec![],
+            Seed::Vjp(u) => vec![u.clone()],
+            Seed::Jvp(tangents) => tangents.clone(),
+        };
+        let mut seed_ids = Vec::with_capacity(seeds.len());
+        for s in seeds {
+            let is_nullable = s.nullable(self.schema)?;
+            let id = self.intern(s)?;
+            let id = self.value(id)?;
+            if is_nullable {
+                nullable.push(id);
+            }
+            seed_ids.push(id);
+        }
+        let mut sweep = Sweep::new(self, root, wrt)?;
+        let outputs = match seed {
+            Seed::Grad => {
+                let one = sweep.ws.g.num(1.0);
+                sweep.reverse((one, None))?
+            }
+            Seed::Vjp(_) => sweep.reverse((seed_ids[0], None))?,
+            Seed::Jvp(_) => vec![sweep.forward(&seed_ids)?],
+        };
+        let mut null_if = None;
+        for id in nullable {
+            let is_null = self.g.add(Expr::IsNull(Box::new(graph::hole())), vec![id]);
+            null_if = Some(match null_if {
+                None => is_null,
+                Some(c) => self.g.binary(Operator::Or, c, is_null),
+            });
+        }
+        let null = self.g.add(crate::rules::null(), vec![]);
+        Ok(outputs
+            .into_iter()
+            .map(|(id, guard)| {
+                let d = match guard {
+                    Some(guard) => self.zero_off(guard, id),
+                    None => id,
+                };
+                match null_if {
+                    Some(cond) => self.case_when(cond, null, Some(d)),
+                    None => d,
+                }
+            })
+            .collect())
+    }
+
+    /// The data type of node `id`, typing each node once from its children's
+    /// types (a child enters as a typed NULL, a literal child as itself).
+    pub fn data_type(&mut self, id: NodeId) -> Result<DataType> {
+        if let Some(t) = self.types.get(&id) {
+            return Ok(t.clone());
+        }
+        for n in self.unclassified(id, |ws, n| ws.types.contains_key(&n)) {
+            let t = self.type_of_node(n)?;
+            self.types.insert(n, t);
+        }
+        Ok(self.types[&id].clone())
+    }
+
+    fn type_of_node(&self, n: NodeId) -> Result<DataType> {
+        let mut children = Vec::with_capacity(self.g.args(n).len());
+        for &a in self.g.args(n) {
+            let child = match self.g.shell(a) {
+                e @ Expr::Literal(..) => e.clone(),
+                _ => match ScalarValue::try_from(&self.types[&a]) {
+                    Ok(v) => Expr::Literal(v, None),
+                    Err(_) => return self.g.emit(&[n])[0].get_type(self.schema),
+                },
+            };
+            children.push(child);
+        }
+        graph::fill(self.g.shell(n).clone(), children)
+            .get_type(self.schema)
+            .or_else(|_| self.g.emit(&[n])[0].get_type(self.schema))
+    }
+
+    /// The nodes below `id` (itself included) not `done` yet, in ascending
+    /// (topological) order.
+    fn unclassified(&self, id: NodeId, done: impl Fn(&Self, NodeId) -> bool) -> BTreeSet<NodeId> {
+        let mut todo = BTreeSet::new();
+        let mut stack = vec![id];
+        while let Some(n) = stack.pop() {
+            if !done(self, n) && todo.insert(n) {
+                stack.extend(self.g.args(n));
+            }
+        }
+        todo
+    }
+
+    /// Whether evaluating node `id` can never raise an error, whatever the
+    /// row: it and every node below it are [`Workspace::own_safe`].
+    pub fn is_safe(&mut self, id: NodeId) -> Result<bool> {
+        for n in self.unclassified(id, |ws, n| ws.safe.contains_key(&n)) {
+            let safe = self.own_safe(n)? && self.g.args(n).iter().all(|a| self.safe[a]);
+            self.safe.insert(n, safe);
+        }
+        Ok(self.safe[&id])
+    }
+
+    /// Whether node `id`'s own operation can never raise an error, given
+    /// values for its arguments: float arithmetic, comparisons, `CASE`, the
+    /// math functions that return NaN or ±inf outside their domain, and
+    /// `power` with a constant non-negative exponent. `sqrt` (an error for
+    /// negative numbers), other `power` calls (zero to a negative power),
+    /// integer arithmetic (division by zero, overflow) and unknown functions
+    /// are not.
+    pub fn own_safe(&mut self, id: NodeId) -> Result<bool> {
+        Ok(match self.g.shell(id) {
+            Expr::Literal(..)
+            | Expr::Column(_)
+            | Expr::Negative(_)
+            | Expr::IsNull(_)
+            | Expr::IsNotNull(_)
+            | Expr::Not(_)
+            | Expr::Case(_) => true,
+            Expr::BinaryExpr(b) if graph::is_arithmetic(b.op) => {
+                primitive::is_float(&self.data_type(id)?)
+            }
+            Expr::BinaryExpr(_) => true,
+            Expr::Cast(_) | Expr::TryCast(_) => {
+                let arg = self.g.args(id)[0];
+                self.data_type(arg)?.is_numeric()
+            }
+            Expr::ScalarFunction(f) if matches!(f.func.name(), "power" | "pow") => {
+                let exponent = self.g.args(id).get(1).copied();
+                primitive::is_float(&self.data_type(id)?)
+                    && exponent
+                        .and_then(|e| self.literal_value(e))
+                        .is_some_and(|v| v >= 0.0)
+            }
+            Expr::ScalarFunction(f) => primitive::SAFE_FUNCTIONS.contains(&f.func.name()),
+            _ => false,
+        })
+    }
+
+    /// `CASE WHEN cond THEN then [ELSE otherwise] END`.
+    pub(crate) fn case_when(
+        &mut self,
+        cond: NodeId,
+        then: NodeId,
+        otherwise: Option<NodeId>,
+    ) -> NodeId {
+        let hole = || Box::new(graph::hole());
+        let shell = Expr::Case(Case::new(
+            None,
+            vec![(hole(), hole())],
+            otherwise.map(|_| hole()),
+        ));
+        self.g
+            .add(shell, [cond, then].into_iter().chain(otherwise).collect())
+    }
+
+    /// `CASE WHEN guard THEN t ELSE 0.0 END`: a guarded flow, 0 off its guard.
+    /// (Not `coalesce(t, 0.0)`: DataFusion's simplifier expands `coalesce`
+    /// into a `CASE` that repeats `t`, doubling nested flows at every level.)
+    pub(crate) fn zero_off(&mut self, guard: NodeId, t: NodeId) -> NodeId {
+        let zero = self.g.num(0.0);
+        self.case_when(guard, t, Some(zero))
+    }
+
+    /// A numeric literal node's value as f64.
+    pub(crate) fn literal_value(&self, id: NodeId) -> Option<f64> {
+        match self.g.shell(id) {
+            Expr::Literal(v, _) if !v.is_null() && v.data_type().is_numeric() => {
+                match v.cast_to(&DataType::Float64).ok()? {
+                    ScalarValue::Float64(Some(x)) => Some(x),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Node `id` as a Float64 value: itself, or a cast of it.
+    pub(crate) fn value(&mut self, id: NodeId) -> Result<NodeId> {
+        if let Some(v) = self.literal_value(id) {
+            return Ok(self.g.num(v));
+        }
+        let t = self.data_type(id)?;
+        match t {
+            DataType::Float64 => Ok(id),
+            t if t.is_numeric() || t == DataType::Null => {
+                let shell = to_float(Expr::Literal(ScalarValue::Null, None));
+                Ok(self.g.add(shell, vec![id]))
+            }
+            t => fail(
+                ErrorKind::UnsupportedType,
+                format!("a value of type {t} cannot take part in a derivative"),
+            ),
+        }
+    }
+}
+
+/// Replaces each non-Float64 variable by `CAST(x AS DOUBLE)` and re-coerces `f`.
+/// Widening casts of integers (which type coercion inserts, e.g. `CAST(n AS
+/// BIGINT) * 3`) are removed first: they are the identity on integers, not a
+/// step function, and re-coercion redoes what they did in Float64. The
+/// variables of nested markers stay columns (each marker promotes its own).
+fn promote_variables(f: Expr, wrt: &[Column], schema: &DFSchema) -> Result<Expr> {
+    let t = f.get_type(schema)?;
+    if !(t.is_numeric() || t == DataType::Null) {
+        return fail(
+            ErrorKind::UnsupportedType,
+            format!("cannot differentiate `{f}`: its type is {t}, not a number"),
+        );
+    }
+    let mut promote = Vec::new();
+    for c in wrt {
+        let t = schema.qualified_field_from_column(c)?.1.data_type();
+        match t {
+            DataType::Float64 => {}
+            t if t.is_numeric() => promote.push(c.clone()),
+            t => {
+                return fail(
+                    ErrorKind::UnsupportedType,
+                    format!("cannot differentiate with respect to `{c}` of type {t}"),
+                )
+            }
+        }
+    }
+    if promote.is_empty() {
+        return Ok(f);
+    }
+    let f = f
+        .transform_up(|e| match e {
+            Expr::Cast(c) if is_widening(&c.expr, c.field.data_type(), schema) => {
+                Ok(Transformed::yes(*c.expr))
+            }
+            Expr::TryCast(c) if is_widening(&c.expr, c.field.data_type(), schema) => {
+                Ok(Transformed::yes(*c.expr))
+            }
+            e => Ok(Transformed::no(e)),
+        })?
+        .data
+        .transform_up(|e| match &e {
+            Expr::Column(c) if promote.contains(c) => Ok(Transformed::yes(to_float(e))),
+            _ => match as_marker(&e).map(|m| m.kind()) {
+                Some(kind) => Ok(Transformed::yes(unpromote_wrt(kind, e, &promote))),
+                None => Ok(Transformed::no(e)),
+            },
+        })?
+        .data;
+    ExprSimplifier::new(SimplifyContext::default()).coerce(f, schema)
+}
+
+/// A nested marker call with the casts just added around its variables removed.
+fn unpromote_wrt(kind: MarkerKind, call: Expr, promoted: &[Column]) -> Expr {
+    let Expr::ScalarFunction(ScalarFunction { func, mut args }) = call else {
+        unreachable!("a marker is a scalar function")
+    };
+    for p in kind.wrt_positions(args.len()).unwrap_or_default() {
+        if let Expr::Cast(c) = &args[p] {
+            if matches!(c.expr.as_ref(), Expr::Column(v) if promoted.contains(v)) {
+                args[p] = c.expr.as_ref().clone();
+            }
+        }
+    }
+    Expr::ScalarFunction(ScalarFunction { func, args })
+}
+
+/// Whether casting `e` to `target` keeps every value: an integer to a wider
+/// integer or to a decimal.
+fn is_widening(e: &Expr, target: &DataType, schema: &DFSchema) -> bool {
+    let Ok(source) = e.get_type(schema) else {
+        return false;
+    };
+    source.is_integer()
+        && (target.is_integer() && target.primitive_width() >= source.primitive_width()
+            || matches!(target, DataType::Decimal128(..) | DataType::Decimal256(..)))
+}
+
+/// `CAST(e AS DOUBLE)`.
+pub(crate) fn to_float(e: Expr) -> Expr {
+    Expr::Cast(Cast::new(Box::new(e), DataType::Float64))
+}

@@ -1,0 +1,126 @@
+//! Derivative rules for aggregate functions: the rule table the analyzer uses
+//! to differentiate *through* an aggregate (`grad(avg(loss), w)`, with `w`
+//! constant within each group).
+//!
+//! A rule receives the aggregate call and the derivatives `dgᵢ` of its
+//! arguments (row-wise expressions), and returns the derivative of the
+//! aggregate as an expression over new aggregate calls of the same group,
+//! which inherit the call's `FILTER`:
+//!
+//! | aggregate | derivative |
+//! |---|---|
+//! | `sum(g)` | `sum(dg)` |
+//! | `avg(g)` | `avg(dg)` |
+//! | `count(…)` | `0` |
+//! | `var_samp(g)` / `var_pop(g)` | `2·covar_samp(g, dg)` / `2·covar_pop(g, dg)` |
+//! | `stddev(g)` / `stddev_pop(g)` | `covar_samp(g, dg) / stddev(g)` / `covar_pop(g, dg) / stddev_pop(g)` |
+//! | `covar_samp(a, b)` / `covar_pop(a, b)` | `covar(da, b) + covar(a, db)` (same kind) |
+//!
+//! The variance rules use `Σ(g − ḡ) = 0`: `d var_pop = (2/n)·Σ(g − ḡ)·dg =
+//! 2·covar_pop(g, dg)`, computed with DataFusion's numerically stable
+//! covariance. Rows where `g` is NULL are skipped by both sides alike (the
+//! derivative is NULL exactly where `g` is).
+
+use std::sync::Arc;
+
+use datafusion::error::Result;
+use datafusion::functions_aggregate::average::avg_udaf;
+use datafusion::functions_aggregate::covariance::{covar_pop_udaf, covar_samp_udaf};
+use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
+use datafusion::functions_aggregate::sum::sum_udaf;
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::{AggregateUDF, Expr};
+
+use super::num;
+
+/// One call of an aggregate, with the derivatives of its arguments.
+#[derive(Debug)]
+pub struct AggregateCall<'a> {
+    call: &'a AggregateFunction,
+    derivatives: Vec<Expr>,
+}
+
+impl<'a> AggregateCall<'a> {
+    /// `call`, whose argument `i` has derivative `derivatives[i]`.
+    pub fn new(call: &'a AggregateFunction, derivatives: Vec<Expr>) -> Self {
+        Self { call, derivatives }
+    }
+
+    /// Argument `i` of the call.
+    pub fn arg(&self, i: usize) -> Expr {
+        self.call.params.args[i].clone()
+    }
+
+    /// The derivative of argument `i`.
+    pub fn derivative(&self, i: usize) -> Expr {
+        self.derivatives[i].clone()
+    }
+
+    /// `udaf(args)` over the same rows as the call (its `FILTER`).
+    pub fn aggregate(&self, udaf: Arc<AggregateUDF>, args: Vec<Expr>) -> Expr {
+        Expr::AggregateFunction(AggregateFunction::new_udf(
+            udaf,
+            args,
+            false,
+            self.call.params.filter.clone(),
+            vec![],
+            None,
+        ))
+    }
+}
+
+/// A derivative rule for one aggregate function.
+pub type AggregateRule = fn(&AggregateCall) -> Result<Expr>;
+
+/// The aggregate rules, by function name (aliases are looked up too).
+pub const AGGREGATE_RULES: &[(&str, AggregateRule)] = &[
+    (
+        "sum",
+        |c| Ok(c.aggregate(sum_udaf(), vec![c.derivative(0)])),
+    ),
+    (
+        "avg",
+        |c| Ok(c.aggregate(avg_udaf(), vec![c.derivative(0)])),
+    ),
+    ("count", |_| Ok(num(0.0))),
+    ("var", |c| Ok(num(2.0) * covariance(c, covar_samp_udaf()))),
+    (
+        "var_pop",
+        |c| Ok(num(2.0) * covariance(c, covar_pop_udaf())),
+    ),
+    ("stddev", |c| {
+        Ok(covariance(c, covar_samp_udaf()) / c.aggregate(stddev_udaf(), vec![c.arg(0)]))
+    }),
+    ("stddev_pop", |c| {
+        Ok(covariance(c, covar_pop_udaf()) / c.aggregate(stddev_pop_udaf(), vec![c.arg(0)]))
+    }),
+    ("covar_samp", |c| {
+        Ok(covariance_product(c, covar_samp_udaf()))
+    }),
+    ("covar_pop", |c| Ok(covariance_product(c, covar_pop_udaf()))),
+];
+
+/// `cov(g, dg)` of the one-argument aggregate `c`.
+fn covariance(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Expr {
+    c.aggregate(kind, vec![c.arg(0), c.derivative(0)])
+}
+
+/// `cov(da, b) + cov(a, db)` of the two-argument aggregate `c`.
+fn covariance_product(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Expr {
+    c.aggregate(Arc::clone(&kind), vec![c.derivative(0), c.arg(1)])
+        + c.aggregate(kind, vec![c.arg(0), c.derivative(1)])
+}
+
+/// The rule for the aggregate `call`, by its name or one of its aliases.
+pub fn aggregate_rule(call: &AggregateFunction) -> Option<AggregateRule> {
+    let names =
+        std::iter::once(call.func.name()).chain(call.func.aliases().iter().map(String::as_str));
+    names
+        .flat_map(|n| {
+            AGGREGATE_RULES
+                .iter()
+                .filter(move |(k, _)| k.eq_ignore_ascii_case(n))
+        })
+        .map(|(_, rule)| *rule)
+        .next()
+}
