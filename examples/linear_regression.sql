@@ -1,8 +1,9 @@
 -- Linear regression by gradient descent: the whole training loop is ONE query.
 --
 -- 10,000 points on y = 3x - 2 plus deterministic noise are generated in SQL;
--- the loss is written once and `grad` differentiates it inside the recursive
--- term of the CTE, so each iteration is one pass over the data.
+-- the loss (the mean squared error) is written once and `grad` differentiates
+-- it through the aggregate inside the recursive term of the CTE, so each
+-- iteration is one pass over the data.
 --
 --   cargo run --release --bin dfgrad -- -f examples/linear_regression.sql
 
@@ -15,8 +16,8 @@ WITH RECURSIVE fit(step, w, b) AS (
   SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.0 AS DOUBLE) AS b
   UNION ALL
   SELECT step + 1,
-         w - 0.5 * avg(grad(power(w * x + b - y, 2), w)),
-         b - 0.5 * avg(grad(power(w * x + b - y, 2), b))
+         w - 0.5 * grad(avg(power(w * x + b - y, 2)), w),
+         b - 0.5 * grad(avg(power(w * x + b - y, 2)), b)
   FROM fit CROSS JOIN points
   WHERE step < 200
   GROUP BY step, w, b

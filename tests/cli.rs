@@ -186,3 +186,47 @@ fn main_job_reaches_least_squares() {
     assert!((cols[1] - w).abs() < 1e-9, "w = {} vs {w}", cols[1]);
     assert!((cols[2] - b).abs() < 1e-9, "b = {} vs {b}", cols[2]);
 }
+
+/// Logistic regression (examples/logistic_regression.sql) reaches the
+/// optimum that Newton's method finds on the same data, computed here.
+#[test]
+fn logistic_regression_reaches_newton_optimum() {
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/logistic_regression.sql"
+    );
+    let out = dfgrad_ok(&["--format", "csv", "-q", "-f", file]);
+    let last = out.lines().last().expect("rows");
+    let cols: Vec<f64> = last.split(',').map(|v| v.parse().unwrap()).collect();
+    assert_eq!(cols[0], 600.0, "{out}");
+
+    let data: Vec<(f64, f64)> = (1..=2000i64)
+        .map(|i| {
+            let x = (i % 200) as f64 / 100.0 - 1.0;
+            let label = if 2.0 * x - 0.5 + (i as f64 * 12.9898).sin() > 0.0 {
+                1.0
+            } else {
+                0.0
+            };
+            (x, label)
+        })
+        .collect();
+    let (mut w, mut b) = (0.0f64, 0.0f64);
+    for _ in 0..50 {
+        let (mut gw, mut gb, mut hww, mut hwb, mut hbb) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(x, t) in &data {
+            let p = 1.0 / (1.0 + (-(w * x + b)).exp());
+            gw += (p - t) * x;
+            gb += p - t;
+            let s = p * (1.0 - p);
+            hww += s * x * x;
+            hwb += s * x;
+            hbb += s;
+        }
+        let det = hww * hbb - hwb * hwb;
+        w -= (hbb * gw - hwb * gb) / det;
+        b -= (hww * gb - hwb * gw) / det;
+    }
+    assert!((cols[1] - w).abs() < 1e-4, "w = {} vs Newton {w}", cols[1]);
+    assert!((cols[2] - b).abs() < 1e-4, "b = {} vs Newton {b}", cols[2]);
+}
