@@ -187,7 +187,7 @@ async fn every_error_kind_is_typed() {
             "got 1 argument",
         ),
         (
-            "SELECT grad(avg(x) * y, y) FROM t GROUP BY y",
+            "SELECT grad(avg(x) OVER (ORDER BY y) * y, y) FROM t",
             ErrorKind::NeedsPlanContext,
             "avg(t.x)",
         ),

@@ -286,7 +286,7 @@ async fn random_expressions() {
     let mut rng = StdRng::seed_from_u64(seed);
     let ctx = context().await;
     let (mut expressions, mut points) = (0, 0);
-    const PER_QUERY: usize = 8;
+    const PER_QUERY: usize = 1;
     let count: usize = std::env::var("DFGRAD_EXPRESSIONS")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -47,10 +47,19 @@ pub struct Shared {
 /// Smallest tree size (nodes) of a shared node worth binding to a column.
 const MIN_BOUND_SIZE: u64 = 3;
 
-/// Most binding projections stacked below one plan node. (DataFusion 55's
-/// physical planning slows down markedly with many stacked projections: a
-/// second derivative measured 0.2 s with 1 layer, 2 s with 12, 13 s with 64.)
-const MAX_LAYERS: usize = 16;
+/// The numbers of stacked binding projections tried, fewest first. DataFusion
+/// 55's physical planning slows down markedly with many stacked projections
+/// (1,000 random expressions with second derivatives: 5.6 s with at most 2
+/// layers, 176 s with up to 64), so more layers are only used when fewer
+/// would repeat too much (a deep composition, a long product).
+const LAYER_CAPS: [usize; 6] = [2, 4, 8, 16, 32, 64];
+
+/// Emitted tree nodes per DAG node below which fewer layers are preferred.
+const REPEAT_BUDGET: u64 = 8;
+
+/// Emitted tree nodes below which fewer layers are always preferred (the
+/// measured planning cost of more layers exceeds that of repeated nodes).
+const MIN_BUDGET: u64 = MAX_TREE_NODES;
 
 /// Height from which an expression is cut, its top bound to a column even if
 /// it is used once: DataFusion's planning cost grows faster than linearly
@@ -103,27 +112,39 @@ pub fn share(
         evaluated: &evaluated,
         pinned: &pinned,
     };
-    // Bind smaller shared nodes and cut deep expressions shorter while the
-    // stack of projections stays short enough: a long chain (a deep
-    // composition) is cut every k-th node.
-    let mut limits = Limits {
-        min_size: MIN_BOUND_SIZE,
-        max_height: MAX_HEIGHT,
-    };
-    let Bindings { level, size } = loop {
-        let b = bindings(g, &nodes, limits);
-        if b.level.values().copied().max().unwrap_or(0) <= MAX_LAYERS {
-            break b;
+    // Bind smaller shared nodes and cut deep expressions shorter until the
+    // stack of projections fits the cap; a long chain (a deep composition) is
+    // cut every k-th node. The fewest layers whose expressions stay within
+    // the budget win.
+    let budget = (REPEAT_BUDGET * order.len() as u64).max(MIN_BUDGET);
+    let mut chosen = None;
+    for cap in LAYER_CAPS {
+        let mut limits = Limits {
+            min_size: MIN_BOUND_SIZE,
+            max_height: MAX_HEIGHT,
+        };
+        let b = loop {
+            let b = bindings(g, &nodes, limits);
+            if b.level.values().copied().max().unwrap_or(0) <= cap {
+                break b;
+            }
+            limits.min_size *= 2;
+            limits.max_height *= 2;
+        };
+        let emitted = b
+            .level
+            .keys()
+            .chain(roots.iter().filter(|r| !b.level.contains_key(r)))
+            .fold(0u64, |acc, n| acc.saturating_add(b.size[n]));
+        let fits = emitted <= budget;
+        chosen = Some((b, emitted));
+        if fits {
+            break;
         }
-        limits.min_size *= 2;
-        limits.max_height *= 2;
-    };
+    }
+    let (Bindings { level, .. }, emitted) = chosen.expect("at least one cap");
     // Shared nodes that must stay inline (they may raise an error and sit in
     // a `CASE` branch) are repeated at each use: refuse what would not fit.
-    let emitted = level
-        .keys()
-        .chain(roots.iter().filter(|r| !level.contains_key(r)))
-        .fold(0u64, |acc, n| acc.saturating_add(size[n]));
     if emitted > MAX_TREE_NODES {
         return fail(
             ErrorKind::DerivativeTooLarge,
