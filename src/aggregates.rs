@@ -118,6 +118,23 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             ),
         );
     }
+    for r in &refs {
+        if let LogicalPlan::Aggregate(a) = r.plan {
+            if a.group_expr
+                .iter()
+                .any(|g| matches!(g, Expr::GroupingSet(_)))
+            {
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "{}: differentiating through an aggregate with GROUPING SETS, ROLLUP or \
+                         CUBE is not supported; use a plain GROUP BY",
+                        kind.name()
+                    ),
+                );
+            }
+        }
+    }
     // f over copies of the aggregate outputs, carried up under new names.
     let values: Vec<Expr> = refs
         .iter()

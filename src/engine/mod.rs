@@ -56,7 +56,7 @@ pub struct Derivative {
 /// Largest derivative (in expression-tree nodes) that [`differentiate`]
 /// emits as plain expression trees; beyond it, shared subexpressions must be
 /// bound to columns ([`share`]), as the analyzer rule does.
-pub const MAX_TREE_NODES: u64 = 200_000;
+pub const MAX_TREE_NODES: u64 = 50_000;
 
 /// Differentiates `f` with respect to the columns `wrt`, as seeded by `seed`,
 /// into self-contained expression trees.

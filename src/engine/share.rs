@@ -47,19 +47,13 @@ pub struct Shared {
 /// Smallest tree size (nodes) of a shared node worth binding to a column.
 const MIN_BOUND_SIZE: u64 = 3;
 
-/// The numbers of stacked binding projections tried, fewest first. DataFusion
-/// 55's physical planning slows down markedly with many stacked projections
-/// (1,000 random expressions with second derivatives: 5.6 s with at most 2
-/// layers, 176 s with up to 64), so more layers are only used when fewer
-/// would repeat too much (a deep composition, a long product).
-const LAYER_CAPS: [usize; 6] = [2, 4, 8, 16, 32, 64];
-
-/// Emitted tree nodes per DAG node below which fewer layers are preferred.
-const REPEAT_BUDGET: u64 = 8;
-
-/// Emitted tree nodes below which fewer layers are always preferred (the
-/// measured planning cost of more layers exceeds that of repeated nodes).
-const MIN_BUDGET: u64 = MAX_TREE_NODES;
+/// Most binding projections stacked below one plan node. DataFusion 55's
+/// physical planning slows down sharply, and its memory grows, with stacked
+/// projections (64 random expressions with second derivatives: 4.8 s with at
+/// most 2 layers, 176 s with up to 64; one expression reached 16 GB with
+/// more layers), so deep chains are cut into at most this many layers and
+/// the rest is repeated (within [`MAX_TREE_NODES`]).
+const MAX_LAYERS: usize = 2;
 
 /// Height from which an expression is cut, its top bound to a column even if
 /// it is used once: DataFusion's planning cost grows faster than linearly
@@ -113,46 +107,33 @@ pub fn share(
         pinned: &pinned,
     };
     // Bind smaller shared nodes and cut deep expressions shorter until the
-    // stack of projections fits the cap; a long chain (a deep composition) is
-    // cut every k-th node. The fewest layers whose expressions stay within
-    // the budget win.
-    let budget = (REPEAT_BUDGET * order.len() as u64).max(MIN_BUDGET);
-    let mut chosen = None;
-    for cap in LAYER_CAPS {
-        let mut limits = Limits {
-            min_size: MIN_BOUND_SIZE,
-            max_height: MAX_HEIGHT,
-        };
-        let b = loop {
-            let b = bindings(g, &nodes, limits);
-            if b.level.values().copied().max().unwrap_or(0) <= cap {
-                break b;
-            }
-            limits.min_size *= 2;
-            limits.max_height *= 2;
-        };
-        let emitted = b
-            .level
-            .keys()
-            .chain(roots.iter().filter(|r| !b.level.contains_key(r)))
-            .fold(0u64, |acc, n| acc.saturating_add(b.size[n]));
-        let fits = emitted <= budget;
-        chosen = Some((b, emitted));
-        if fits {
-            break;
+    // stack of projections fits.
+    let mut limits = Limits {
+        min_size: MIN_BOUND_SIZE,
+        max_height: MAX_HEIGHT,
+    };
+    let Bindings { level, size } = loop {
+        let b = bindings(g, &nodes, limits);
+        if b.level.values().copied().max().unwrap_or(0) <= MAX_LAYERS {
+            break b;
         }
-    }
-    let (Bindings { level, .. }, emitted) = chosen.expect("at least one cap");
-    // Shared nodes that must stay inline (they may raise an error and sit in
-    // a `CASE` branch) are repeated at each use: refuse what would not fit.
+        limits.min_size *= 2;
+        limits.max_height *= 2;
+    };
+    let emitted = level
+        .keys()
+        .chain(roots.iter().filter(|r| !level.contains_key(r)))
+        .fold(0u64, |acc, n| acc.saturating_add(size[n]));
+    // Nodes left inline are repeated at each use: refuse what would not fit.
     if emitted > MAX_TREE_NODES {
         return fail(
             ErrorKind::DerivativeTooLarge,
             format!(
-                "the derivative has {emitted} expression nodes even with its shared parts \
-                 computed once (limit {MAX_TREE_NODES}): parts inside a CASE branch that may \
-                 raise an error (sqrt, power with a variable exponent, integer arithmetic) \
-                 cannot be computed outside their branch, so they are repeated"
+                "the derivative has {emitted} expression nodes with its shared parts computed \
+                 once where possible (limit {MAX_TREE_NODES}): parts inside a CASE branch that \
+                 may raise an error (sqrt, power with a variable exponent, integer arithmetic) \
+                 cannot be computed outside their branch, and very deep chains are cut into at \
+                 most {MAX_LAYERS} layers, so the rest is repeated"
             ),
         );
     }
