@@ -20,6 +20,8 @@ pub(crate) struct Sweep<'w, 'a> {
     pub(crate) ws: &'w mut Workspace<'a>,
     root: NodeId,
     wrt: Vec<NodeId>,
+    /// The index of each variable's node in `wrt`.
+    position: HashMap<NodeId, usize>,
     active: Vec<bool>,
 }
 
@@ -49,12 +51,16 @@ impl<'w, 'a> Sweep<'w, 'a> {
             }
             wrt_ids.push(ws.g.intern(v, false, &mut |_| Ok(None))?);
         }
+        let mut position = HashMap::with_capacity(wrt_ids.len());
+        for (k, &id) in wrt_ids.iter().enumerate() {
+            position.entry(id).or_insert(k);
+        }
         let g = &ws.g;
         let mut active = vec![false; g.len()];
         for id in 0..g.len() {
             let shell = g.shell(id);
             primitive::check_volatility(shell)?;
-            active[id] = wrt_ids.contains(&id)
+            active[id] = position.contains_key(&id)
                 || (!primitive::blocks(shell)
                     && g.args(id)
                         .iter()
@@ -65,6 +71,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
             ws,
             root,
             wrt: wrt_ids,
+            position,
             active,
         })
     }
@@ -87,7 +94,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
                 continue;
             };
             let adjoint = self.sum(terms);
-            if let Some(k) = self.wrt.iter().position(|&w| w == id) {
+            if let Some(&k) = self.position.get(&id) {
                 results[k] = adjoint;
                 continue;
             }
@@ -107,7 +114,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
         let mut needed = vec![false; self.root + 1];
         needed[self.root] = self.is_active(self.root);
         for id in (0..=self.root).rev() {
-            if !needed[id] || self.wrt.contains(&id) {
+            if !needed[id] || self.position.contains_key(&id) {
                 continue;
             }
             let shell = self.ws.g.shell(id).clone();
@@ -120,7 +127,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
         let mut tangent: HashMap<NodeId, Flow> = HashMap::new();
         let order: Vec<NodeId> = (0..=self.root).filter(|&id| needed[id]).collect();
         for id in order {
-            if let Some(k) = self.wrt.iter().position(|&w| w == id) {
+            if let Some(&k) = self.position.get(&id) {
                 tangent.insert(id, (tangents[k], None));
                 continue;
             }

@@ -118,6 +118,15 @@ impl<'a> Workspace<'a> {
     pub fn derivative(&mut self, f: &Expr, wrt: &[Column], seed: Seed) -> Result<Vec<NodeId>> {
         let promoted = promote_variables(f.clone(), wrt, self.schema)?;
         let root = self.intern(promoted)?;
+        // Typed node by node: DataFusion's own `get_type` on a deep `f` is
+        // quadratic (each level formats its arguments' names).
+        let t = self.data_type(root)?;
+        if !(t.is_numeric() || t == DataType::Null) {
+            return fail(
+                ErrorKind::UnsupportedType,
+                format!("cannot differentiate `{f}`: its type is {t}, not a number"),
+            );
+        }
         let mut nullable = vec![];
         if f.nullable(self.schema)? {
             nullable.push(root);
@@ -323,13 +332,6 @@ impl<'a> Workspace<'a> {
 /// step function, and re-coercion redoes what they did in Float64. The
 /// variables of nested markers stay columns (each marker promotes its own).
 fn promote_variables(f: Expr, wrt: &[Column], schema: &DFSchema) -> Result<Expr> {
-    let t = f.get_type(schema)?;
-    if !(t.is_numeric() || t == DataType::Null) {
-        return fail(
-            ErrorKind::UnsupportedType,
-            format!("cannot differentiate `{f}`: its type is {t}, not a number"),
-        );
-    }
     let mut promote = Vec::new();
     for c in wrt {
         let t = schema.qualified_field_from_column(c)?.1.data_type();
