@@ -34,6 +34,7 @@ pub struct Workspace<'a> {
     pub(crate) rules: &'a Rules,
     types: HashMap<NodeId, DataType>,
     safe: HashMap<NodeId, bool>,
+    nullable: HashMap<NodeId, bool>,
 }
 
 impl<'a> Workspace<'a> {
@@ -45,6 +46,7 @@ impl<'a> Workspace<'a> {
             rules,
             types: HashMap::new(),
             safe: HashMap::new(),
+            nullable: HashMap::new(),
         }
     }
 
@@ -128,7 +130,7 @@ impl<'a> Workspace<'a> {
             );
         }
         let mut nullable = vec![];
-        if f.nullable(self.schema)? {
+        if self.nullable(root) {
             nullable.push(root);
         }
         let seeds = match &seed {
@@ -220,6 +222,34 @@ impl<'a> Workspace<'a> {
             }
         }
         todo
+    }
+
+    /// Whether node `id` may be SQL NULL (conservative: true when unsure).
+    /// Computed on the DAG: DataFusion's `Expr::nullable` formats argument
+    /// names at every level, quadratic on deep expressions.
+    pub fn nullable(&mut self, id: NodeId) -> bool {
+        for n in self.unclassified(id, |ws, n| ws.nullable.contains_key(&n)) {
+            let any_child = self.g.args(n).iter().any(|a| self.nullable[a]);
+            let value = match self.g.shell(n) {
+                Expr::Column(c) => self
+                    .schema
+                    .qualified_field_from_column(c)
+                    .map_or(true, |(_, f)| f.is_nullable()),
+                Expr::Literal(v, _) => v.is_null(),
+                Expr::IsNull(_) | Expr::IsNotNull(_) => false,
+                Expr::Case(case) => case.else_expr.is_none() || any_child,
+                Expr::BinaryExpr(_) | Expr::Negative(_) | Expr::Cast(_) | Expr::Not(_) => any_child,
+                Expr::ScalarFunction(f)
+                    if f.func.name() != "nullif"
+                        && primitive::SAFE_FUNCTIONS.contains(&f.func.name()) =>
+                {
+                    any_child
+                }
+                _ => true,
+            };
+            self.nullable.insert(n, value);
+        }
+        self.nullable[&id]
     }
 
     /// Whether evaluating node `id` can never raise an error, whatever the
