@@ -31,6 +31,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::analyzer::{has_marker, rewrite_node, wrt_columns};
+use crate::engine::fill_placeholders;
 use crate::error::{fail, ErrorKind, GradError};
 use crate::lineage::{identity_of, AggregateRef, Scope, AGGREGATE_PREFIX};
 use crate::marker::{as_marker, Marker, MarkerKind};
@@ -140,17 +141,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         .iter()
         .map(|r| added.column(r.plan, aggregate_call(r).clone()))
         .collect();
-    let f = f
-        .transform_up(|e| match &e {
-            Expr::Column(c) if c.relation.is_none() && c.name.starts_with(AGGREGATE_PREFIX) => {
-                let k: usize = c.name[AGGREGATE_PREFIX.len()..]
-                    .parse()
-                    .expect("an aggregate placeholder");
-                Ok(Transformed::yes(values[k].clone()))
-            }
-            _ => Ok(Transformed::no(e)),
-        })?
-        .data;
+    let f = fill_placeholders(f, AGGREGATE_PREFIX, &values)?;
     let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
     let jvp = Arc::new(ScalarUDF::new_from_impl(Marker::new(
         MarkerKind::Jvp,

@@ -31,7 +31,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection};
 use datafusion::optimizer::AnalyzerRule;
 
 use crate::aggregates::through_aggregates;
-use crate::engine::{share, Layer, Workspace};
+use crate::engine::{fill_placeholders, share, Layer, Workspace};
 use crate::lineage::Scope;
 use crate::marker::{as_marker, expand_markers, MarkerKind};
 
@@ -128,41 +128,14 @@ fn differentiate_shared(node: LogicalPlan) -> Result<LogicalPlan> {
     for e in exprs {
         let saved = names.save(&e);
         let unconditional = !has_conditional(&e)?;
-        let e = e
-            .transform_down(|e| {
-                let Some(kind) = as_marker(&e).map(|m| m.kind()) else {
-                    return Ok(Transformed::no(e));
-                };
-                let Expr::ScalarFunction(call) = e else {
-                    unreachable!("as_marker matched a scalar function")
-                };
-                roots.push(ws.marker(kind, &call.args)?);
-                always.push(unconditional);
-                let name = format!("{ROOT_PREFIX}{}", roots.len() - 1);
-                Ok(Transformed::new(
-                    Expr::Column(Column::new_unqualified(name)),
-                    true,
-                    TreeNodeRecursion::Jump,
-                ))
-            })?
-            .data;
+        let e = ws.differentiate_markers(e, ROOT_PREFIX, &mut roots)?;
+        always.resize(roots.len(), unconditional);
         replaced.push((saved, e));
     }
     let shared = share(&mut ws, &roots, &always, &binding_prefix(&schema))?;
     let mut new_exprs = Vec::with_capacity(replaced.len());
     for (saved, e) in replaced {
-        let e = e
-            .transform_up(|e| match &e {
-                Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ROOT_PREFIX) => {
-                    let k: usize = c.name[ROOT_PREFIX.len()..]
-                        .parse()
-                        .expect("a root placeholder");
-                    Ok(Transformed::yes(shared.exprs[k].clone()))
-                }
-                _ => Ok(Transformed::no(e)),
-            })?
-            .data;
-        new_exprs.push(saved.restore(e));
+        new_exprs.push(saved.restore(fill_placeholders(e, ROOT_PREFIX, &shared.exprs)?));
     }
     let adds_columns = !shared.layers.is_empty()
         && matches!(

@@ -302,9 +302,10 @@ impl<'p> Inliner<'_, 'p> {
                         refs.len() - 1
                     }
                 };
-                Ok(Transformed::yes(Expr::Column(Column::new_unqualified(
-                    format!("{AGGREGATE_PREFIX}{k}"),
-                ))))
+                Ok(Transformed::yes(crate::engine::placeholder(
+                    AGGREGATE_PREFIX,
+                    k,
+                )))
             }
             Origin::Aggregated { name, .. } => fail(
                 ErrorKind::NeedsPlanContext,

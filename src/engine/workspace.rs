@@ -19,7 +19,7 @@ use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use super::graph::{self, Graph, NodeId};
 use super::primitive;
 use super::sweep::Sweep;
-use super::Seed;
+use super::{placeholder, placeholder_index, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::marker::{as_marker, MarkerKind};
 use crate::rules::Rules;
@@ -64,31 +64,39 @@ impl<'a> Workspace<'a> {
     /// differentiated here, into the same DAG.
     pub fn intern(&mut self, e: Expr) -> Result<NodeId> {
         let mut inner: Vec<NodeId> = Vec::new();
-        let e = e
-            .transform_down(|e| {
-                let Some(kind) = as_marker(&e).map(|m| m.kind()) else {
-                    return Ok(Transformed::no(e));
-                };
-                let Expr::ScalarFunction(call) = e else {
-                    unreachable!("as_marker matched a scalar function")
-                };
-                inner.push(self.marker(kind, &call.args)?);
-                let name = format!("{NODE_PREFIX}{}", inner.len() - 1);
-                Ok(Transformed::new(
-                    Expr::Column(Column::new_unqualified(name)),
-                    true,
-                    TreeNodeRecursion::Jump,
-                ))
-            })?
-            .data;
+        let e = self.differentiate_markers(e, NODE_PREFIX, &mut inner)?;
         self.g.intern(e, false, &mut |e| match e {
-            Expr::Column(c) if c.relation.is_none() && c.name.starts_with(NODE_PREFIX) => Ok(c
-                .name[NODE_PREFIX.len()..]
-                .parse::<usize>()
-                .ok()
-                .and_then(|i| inner.get(i).copied())),
+            Expr::Column(c) => {
+                Ok(placeholder_index(c, NODE_PREFIX).and_then(|i| inner.get(i).copied()))
+            }
             _ => Ok(None),
         })
+    }
+
+    /// `e` with each outermost marker call differentiated into this workspace:
+    /// its node is pushed to `nodes`, and the call replaced by the placeholder
+    /// column `{prefix}{k}` of its index `k` there.
+    pub(crate) fn differentiate_markers(
+        &mut self,
+        e: Expr,
+        prefix: &str,
+        nodes: &mut Vec<NodeId>,
+    ) -> Result<Expr> {
+        Ok(e.transform_down(|e| {
+            let Some(kind) = as_marker(&e).map(|m| m.kind()) else {
+                return Ok(Transformed::no(e));
+            };
+            let Expr::ScalarFunction(call) = e else {
+                unreachable!("as_marker matched a scalar function")
+            };
+            nodes.push(self.marker(kind, &call.args)?);
+            Ok(Transformed::new(
+                placeholder(prefix, nodes.len() - 1),
+                true,
+                TreeNodeRecursion::Jump,
+            ))
+        })?
+        .data)
     }
 
     /// The derivative a marker call of `kind` with `args` stands for: one
