@@ -14,8 +14,11 @@
 //!
 //! Refused with a typed error: `w` varying within a group (it must be a GROUP
 //! BY key, or the marker goes inside the aggregate), `DISTINCT` aggregates,
-//! aggregates without a rule (`min`, `max`, `median`, …), window outputs, and
-//! a marker nested inside another marker that reads aggregates.
+//! aggregates without a rule (`median`, `first_value`, …), window outputs,
+//! and a marker nested inside another marker that reads aggregates.
+//!
+//! `max` and `min` need the group's extreme next to each row: a Window node
+//! (`max(g) OVER (PARTITION BY keys)`) is inserted below the Aggregate.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,7 +30,7 @@ use datafusion::functions::core::expr_fn::named_struct;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Aggregate, Expr, JoinType, LogicalPlan, Projection, ScalarUDF,
+    lit, Aggregate, Expr, JoinType, LogicalPlan, Projection, ScalarUDF, Window,
 };
 
 use crate::analyzer::{has_marker, rewrite_node, wrt_columns};
@@ -35,7 +38,7 @@ use crate::engine::fill_placeholders;
 use crate::error::{fail, ErrorKind, GradError};
 use crate::lineage::{identity_of, AggregateRef, Scope, AGGREGATE_PREFIX};
 use crate::marker::{as_marker, Marker, MarkerKind};
-use crate::rules::aggregate::{aggregate_rule, AggregateCall};
+use crate::rules::aggregate::{aggregate_rule, AggregateCall, SAME_NULLS};
 
 /// Rewrites the markers of `node` that read aggregate outputs, adding their
 /// derivative aggregates below; `node` unchanged when none does.
@@ -70,6 +73,9 @@ pub fn through_aggregates(node: LogicalPlan) -> Result<LogicalPlan> {
 #[derive(Default)]
 struct Added {
     by_node: HashMap<usize, Vec<(String, Expr)>>,
+    /// Window functions over each Aggregate node's groups, computed below it
+    /// (a group's maximum for the derivative of `max`).
+    windows: HashMap<usize, Vec<(String, Expr)>>,
     count: usize,
 }
 
@@ -83,6 +89,23 @@ impl Added {
                 let name = format!("__dfgrad_agg{}", self.count);
                 self.count += 1;
                 list.push((name.clone(), agg));
+                name
+            }
+        };
+        Expr::Column(Column::new_unqualified(name))
+    }
+}
+
+impl Added {
+    /// A column of a window function `w` computed below the Aggregate `plan`.
+    fn window(&mut self, plan: &LogicalPlan, w: Expr) -> Expr {
+        let list = self.windows.entry(address(plan)).or_default();
+        let name = match list.iter().find(|(_, e)| *e == w) {
+            Some((name, _)) => name.clone(),
+            None => {
+                let name = format!("__dfgrad_window{}", self.count);
+                self.count += 1;
+                list.push((name.clone(), w));
                 name
             }
         };
@@ -143,22 +166,24 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         .collect();
     let f = fill_placeholders(f, AGGREGATE_PREFIX, &values)?;
     let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
-    let jvp = Arc::new(ScalarUDF::new_from_impl(Marker::new(
-        MarkerKind::Jvp,
-        rules,
-    )));
     // The total derivative with respect to each variable.
     let mut totals = Vec::with_capacity(wrt.len());
     for w in &wrt {
         let id = scope.identity(w)?;
         let mut args = vec![f.clone()];
+        let mut nulls_like = Vec::new();
         for (r, value) in refs.iter().zip(&values) {
             args.push(value.clone());
-            args.push(derivative_aggregate(r, id, w, &grad, added)?);
+            let (tangent, same_nulls) = derivative_aggregate(r, id, w, &grad, added)?;
+            if same_nulls {
+                nulls_like.push((args.len(), args.len() - 1));
+            }
+            args.push(tangent);
         }
         args.extend([Expr::Column(w.clone()), lit(1.0)]);
+        let jvp = Marker::jvp_with_nulls_like(Arc::clone(&rules), nulls_like);
         totals.push(Expr::ScalarFunction(ScalarFunction::new_udf(
-            Arc::clone(&jvp),
+            Arc::new(ScalarUDF::new_from_impl(jvp)),
             args,
         )));
     }
@@ -208,14 +233,15 @@ fn unalias(e: &Expr) -> &Expr {
 }
 
 /// `dA/dw` for the aggregate output `r` as an expression over new aggregate
-/// columns of its node; `id` is the variable's identity.
+/// columns of its node, and whether it is SQL NULL exactly where `A` is;
+/// `id` is the variable's identity.
 fn derivative_aggregate(
     r: &AggregateRef,
     id: Option<crate::lineage::Identity>,
     w: &Column,
     grad: &ScalarUDF,
     added: &mut Added,
-) -> Result<Expr> {
+) -> Result<(Expr, bool)> {
     let LogicalPlan::Aggregate(a) = r.plan else {
         unreachable!("aggregate references point at Aggregate nodes")
     };
@@ -257,7 +283,7 @@ fn derivative_aggregate(
                 );
             }
             // The aggregate's input does not see the variable at all.
-            return Ok(lit(0.0));
+            return Ok((lit(0.0), false));
         }
     };
     if call.params.distinct {
@@ -266,11 +292,11 @@ fn derivative_aggregate(
             format!("{name}(DISTINCT …) has no derivative: equal values are merged"),
         );
     }
-    let rule = aggregate_rule(call).ok_or_else(|| {
+    let (rule_name, rule) = aggregate_rule(call).ok_or_else(|| {
         GradError::non_differentiable(
             name,
             "no derivative rule is registered for this aggregate (supported: sum, avg, count, \
-             var_samp, var_pop, stddev, stddev_pop, covar_samp, covar_pop)",
+             var_samp, var_pop, stddev, stddev_pop, covar_samp, covar_pop, min, max)",
         )
     })?;
     let derivatives = call
@@ -279,9 +305,15 @@ fn derivative_aggregate(
         .iter()
         .map(|g| grad.call(vec![g.clone(), Expr::Column(w_in.clone())]))
         .collect();
-    let derivative = rule(&AggregateCall::new(call, derivatives))?;
-    // Each aggregate call in the rule's result becomes a column of the node.
-    Ok(derivative
+    let derivative = rule(&AggregateCall::new(call, &a.group_expr, derivatives))?;
+    // Each window function in the rule's result becomes a column below the
+    // node, each aggregate call a column of the node.
+    let derivative = derivative
+        .transform_up(|e| match e {
+            Expr::WindowFunction(_) => Ok(Transformed::yes(added.window(r.plan, e))),
+            e => Ok(Transformed::no(e)),
+        })?
+        .data
         .transform_down(|e| match e {
             Expr::AggregateFunction(_) => Ok(Transformed::new(
                 added.column(r.plan, e),
@@ -290,7 +322,8 @@ fn derivative_aggregate(
             )),
             e => Ok(Transformed::no(e)),
         })?
-        .data)
+        .data;
+    Ok((derivative, SAME_NULLS.contains(&rule_name)))
 }
 
 /// `plan` with the added aggregate columns computed in their Aggregate nodes
@@ -303,11 +336,14 @@ fn carry(plan: &LogicalPlan, added: &Added) -> Result<Option<(LogicalPlan, Vec<S
         };
         let mut aggr = a.aggr_expr.clone();
         aggr.extend(columns.iter().map(|(n, e)| e.clone().alias(n)));
-        let node = LogicalPlan::Aggregate(Aggregate::try_new(
-            Arc::clone(&a.input),
-            a.group_expr.clone(),
-            aggr,
-        )?);
+        let input = match added.windows.get(&address(plan)) {
+            Some(windows) => Arc::new(LogicalPlan::Window(Window::try_new(
+                windows.iter().map(|(n, e)| e.clone().alias(n)).collect(),
+                Arc::clone(&a.input),
+            )?)),
+            None => Arc::clone(&a.input),
+        };
+        let node = LogicalPlan::Aggregate(Aggregate::try_new(input, a.group_expr.clone(), aggr)?);
         // The new aggregates hold markers: differentiate them now.
         let node = rewrite_node(node)?.data;
         return Ok(Some((

@@ -94,11 +94,14 @@ pub struct Marker {
     kind: MarkerKind,
     signature: Signature,
     rules: SharedRules,
+    nulls_like: Vec<(usize, usize)>,
 }
 
 impl PartialEq for Marker {
     fn eq(&self, other: &Self) -> bool {
-        self.kind == other.kind && Arc::ptr_eq(&self.rules, &other.rules)
+        self.kind == other.kind
+            && Arc::ptr_eq(&self.rules, &other.rules)
+            && self.nulls_like == other.nulls_like
     }
 }
 
@@ -117,7 +120,24 @@ impl Marker {
             kind,
             signature: Signature::variadic_any(Volatility::Immutable),
             rules,
+            nulls_like: Vec::new(),
         }
+    }
+
+    /// A `jvp` marker whose call has, for each pair `(t, v)`, a tangent at
+    /// argument `t` that is SQL NULL exactly where argument `v` is (as the
+    /// rewrite through aggregates knows of `avg(∂f/∂w)` and `avg(f)`), so the
+    /// derivative tests `v` for NULL only where it must.
+    pub(crate) fn jvp_with_nulls_like(rules: SharedRules, pairs: Vec<(usize, usize)>) -> Self {
+        Self {
+            nulls_like: pairs,
+            ..Self::new(MarkerKind::Jvp, rules)
+        }
+    }
+
+    /// The pairs given to [`Marker::jvp_with_nulls_like`].
+    pub(crate) fn nulls_like(&self) -> &[(usize, usize)] {
+        &self.nulls_like
     }
 
     /// Which derivative this marker asks for.

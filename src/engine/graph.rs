@@ -7,8 +7,12 @@
 //! created after their children, so ascending id order is a topological order,
 //! and every walk here is a loop: no recursion, no stack overflow on deep input.
 
-use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
 
+use datafusion::common::HashMap;
+
+use datafusion::common::hash_utils::RandomState;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
@@ -17,9 +21,9 @@ use datafusion::logical_expr::{BinaryExpr, Expr, Operator};
 /// Index of a node in a [`Graph`].
 pub type NodeId = usize;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Node {
-    shell: Expr,
+    shell: Arc<Expr>,
     args: Vec<NodeId>,
 }
 
@@ -27,7 +31,12 @@ struct Node {
 #[derive(Debug, Default)]
 pub struct Graph {
     nodes: Vec<Node>,
-    index: HashMap<Node, NodeId>,
+    /// The first node with a given hash; the others follow in `same_hash`.
+    index: HashMap<u64, NodeId>,
+    same_hash: Vec<Option<NodeId>>,
+    hasher: RandomState,
+    /// The shells of `-a` (key `None`) and of `a op b`, built once.
+    operators: Vec<(Option<Operator>, Arc<Expr>)>,
 }
 
 /// The hole that stands for a child inside a shell.
@@ -88,7 +97,7 @@ impl Graph {
 
     /// The value of node `id` if it is a Float64 literal.
     pub fn number(&self, id: NodeId) -> Option<f64> {
-        match &self.nodes[id].shell {
+        match self.nodes[id].shell.as_ref() {
             Expr::Literal(ScalarValue::Float64(Some(v)), _) => Some(*v),
             _ => None,
         }
@@ -96,14 +105,52 @@ impl Graph {
 
     /// The node for `shell(args)`, created if new (no folding).
     pub fn add(&mut self, shell: Expr, args: Vec<NodeId>) -> NodeId {
-        let node = Node { shell, args };
-        if let Some(&id) = self.index.get(&node) {
-            return id;
+        self.find_or_insert(&shell, &args, |shell| Arc::new(shell.clone()))
+    }
+
+    /// [`Graph::add`] for a shell that other nodes may share.
+    fn add_shared(&mut self, shell: &Arc<Expr>, args: &[NodeId]) -> NodeId {
+        self.find_or_insert(shell, args, |_| Arc::clone(shell))
+    }
+
+    /// The node for `shell(args)`; `own` makes the shell to store when it is new.
+    fn find_or_insert(
+        &mut self,
+        shell: &Expr,
+        args: &[NodeId],
+        own: impl FnOnce(&Expr) -> Arc<Expr>,
+    ) -> NodeId {
+        let hash = self.hasher.hash_one((shell, args));
+        let first = self.index.get(&hash).copied();
+        let mut next = first;
+        while let Some(id) = next {
+            let node = &self.nodes[id];
+            if node.args == args && *node.shell == *shell {
+                return id;
+            }
+            next = self.same_hash[id];
         }
         let id = self.nodes.len();
-        self.nodes.push(node.clone());
-        self.index.insert(node, id);
+        self.nodes.push(Node {
+            shell: own(shell),
+            args: args.to_vec(),
+        });
+        self.same_hash.push(first);
+        self.index.insert(hash, id);
         id
+    }
+
+    /// The shell of `-a` (`op` `None`) or of `a op b`.
+    fn operator(&mut self, op: Option<Operator>) -> Arc<Expr> {
+        if let Some((_, shell)) = self.operators.iter().find(|(o, _)| *o == op) {
+            return Arc::clone(shell);
+        }
+        let shell = Arc::new(match op {
+            None => Expr::Negative(Box::new(hole())),
+            Some(op) => Expr::BinaryExpr(BinaryExpr::new(Box::new(hole()), op, Box::new(hole()))),
+        });
+        self.operators.push((op, Arc::clone(&shell)));
+        shell
     }
 
     /// A Float64 literal node.
@@ -133,8 +180,8 @@ impl Graph {
             (Operator::Divide, Some(0.0), _) => return self.num(0.0),
             _ => {}
         }
-        let shell = Expr::BinaryExpr(BinaryExpr::new(Box::new(hole()), op, Box::new(hole())));
-        self.add(shell, vec![a, b])
+        let shell = self.operator(Some(op));
+        self.add_shared(&shell, &[a, b])
     }
 
     /// `-a`, folding literals and double negation.
@@ -145,7 +192,8 @@ impl Graph {
         if matches!(self.shell(a), Expr::Negative(_)) {
             return self.args(a)[0];
         }
-        self.add(Expr::Negative(Box::new(hole())), vec![a])
+        let shell = self.operator(None);
+        self.add_shared(&shell, &[a])
     }
 
     /// Adds `expr` (without folding), aliases stripped; `leaf` may claim a
@@ -159,6 +207,8 @@ impl Graph {
         enum Step {
             Visit(Expr),
             Build(Expr, usize),
+            /// `a op b` (`Some(op)`) or `-a` (`None`), the commonest shells.
+            Operator(Option<Operator>),
         }
         let mut work = vec![Step::Visit(expr)];
         let mut done: Vec<NodeId> = Vec::new();
@@ -170,21 +220,47 @@ impl Graph {
                         done.push(id);
                         continue;
                     }
-                    let (shell, children) = split(e)?;
-                    work.push(Step::Build(shell, children.len()));
-                    work.extend(children.into_iter().rev().map(Step::Visit));
+                    match e {
+                        Expr::BinaryExpr(b) => {
+                            work.push(Step::Operator(Some(b.op)));
+                            work.push(Step::Visit(*b.right));
+                            work.push(Step::Visit(*b.left));
+                        }
+                        Expr::Negative(a) => {
+                            work.push(Step::Operator(None));
+                            work.push(Step::Visit(*a));
+                        }
+                        e => {
+                            let (shell, children) = split(e)?;
+                            work.push(Step::Build(shell, children.len()));
+                            work.extend(children.into_iter().rev().map(Step::Visit));
+                        }
+                    }
                 }
                 Step::Build(shell, n) => {
                     let args = done.split_off(done.len() - n);
-                    let id = match (&shell, fold) {
-                        (Expr::BinaryExpr(b), true) if is_arithmetic(b.op) => {
-                            self.binary(b.op, args[0], args[1])
+                    let id = self.build(shell, args, fold);
+                    done.push(id);
+                }
+                Step::Operator(op) => {
+                    let id = match (op, fold) {
+                        (Some(op), true) if is_arithmetic(op) => {
+                            let b = done.pop().expect("right operand");
+                            let a = done.pop().expect("left operand");
+                            self.binary(op, a, b)
                         }
-                        (Expr::Negative(_), true) => self.neg(args[0]),
-                        _ => match self.struct_field(&shell, &args) {
-                            Some(id) => id,
-                            None => self.add(shell, args),
-                        },
+                        (None, true) => {
+                            let a = done.pop().expect("operand");
+                            self.neg(a)
+                        }
+                        _ => {
+                            let n = if op.is_some() { 2 } else { 1 };
+                            let start = done.len() - n;
+                            let shell = self.operator(op);
+                            let id = self.add_shared(&shell, &done[start..]);
+                            done.truncate(start);
+                            id
+                        }
                     };
                     done.push(id);
                 }
@@ -193,10 +269,40 @@ impl Graph {
         Ok(done.pop().expect("one root"))
     }
 
+    /// The node for `shell(args)`, folding arithmetic when `fold` holds and a
+    /// field of a struct built in the graph always.
+    pub(crate) fn build(&mut self, shell: Expr, args: Vec<NodeId>, fold: bool) -> NodeId {
+        match self.fold(&shell, &args, fold) {
+            Some(id) => id,
+            None => self.add(shell, args),
+        }
+    }
+
+    /// Adds node `id` of `other` with `args` as its children, folding
+    /// arithmetic and sharing `other`'s shell.
+    pub(crate) fn copy_node(&mut self, other: &Graph, id: NodeId, args: &[NodeId]) -> NodeId {
+        let shell = &other.nodes[id].shell;
+        match self.fold(shell, args, true) {
+            Some(id) => id,
+            None => self.add_shared(shell, args),
+        }
+    }
+
+    /// The node `shell(args)` folds to, if it folds.
+    fn fold(&mut self, shell: &Expr, args: &[NodeId], arithmetic: bool) -> Option<NodeId> {
+        match (shell, arithmetic) {
+            (Expr::BinaryExpr(b), true) if is_arithmetic(b.op) => {
+                Some(self.binary(b.op, args[0], args[1]))
+            }
+            (Expr::Negative(_), true) => Some(self.neg(args[0])),
+            _ => self.struct_field(shell, args),
+        }
+    }
+
     /// The value node of `get_field(named_struct(…, 'name', value, …), 'name')`
     /// (how a nested `grad(f, x, y)['x']` refers to one partial).
     fn struct_field(&self, shell: &Expr, args: &[NodeId]) -> Option<NodeId> {
-        let name_of = |id: NodeId| match &self.nodes[id].shell {
+        let name_of = |id: NodeId| match self.nodes[id].shell.as_ref() {
             Expr::Literal(v, _) => v.try_as_str().flatten(),
             _ => None,
         };
@@ -225,16 +331,17 @@ impl Graph {
     /// The nodes reachable from `roots` without passing through a node for
     /// which `stop` holds (such a node is included, its children are not).
     fn reachable_until(&self, roots: &[NodeId], stop: &dyn Fn(NodeId) -> bool) -> Vec<NodeId> {
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = vec![false; self.nodes.len()];
         let mut stack: Vec<NodeId> = roots.to_vec();
         while let Some(id) = stack.pop() {
-            if seen.insert(id) && !stop(id) {
-                stack.extend(&self.nodes[id].args);
+            if !seen[id] {
+                seen[id] = true;
+                if !stop(id) {
+                    stack.extend(&self.nodes[id].args);
+                }
             }
         }
-        let mut order: Vec<NodeId> = seen.into_iter().collect();
-        order.sort_unstable();
-        order
+        (0..self.nodes.len()).filter(|&id| seen[id]).collect()
     }
 
     /// Number of distinct nodes reachable from `roots` (the DAG size of an expression).
@@ -296,7 +403,7 @@ impl Graph {
                 None => {
                     let node = &self.nodes[id];
                     let children = node.args.iter().map(|&a| take(&mut built, a)).collect();
-                    fill(node.shell.clone(), children)
+                    fill(node.shell.as_ref().clone(), children)
                 }
             };
             built.insert(id, expr);
@@ -311,4 +418,42 @@ pub fn is_arithmetic(op: Operator) -> bool {
         op,
         Operator::Plus | Operator::Minus | Operator::Multiply | Operator::Divide | Operator::Modulo
     )
+}
+
+/// A value per node, stored by id.
+#[derive(Debug)]
+pub(crate) struct NodeMap<T>(Vec<Option<T>>);
+
+impl<T> Default for NodeMap<T> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<T> NodeMap<T> {
+    /// The value of node `id`, if set.
+    pub(crate) fn get(&self, id: &NodeId) -> Option<&T> {
+        self.0.get(*id).and_then(Option::as_ref)
+    }
+
+    /// Whether node `id` has a value.
+    pub(crate) fn contains_key(&self, id: &NodeId) -> bool {
+        self.get(id).is_some()
+    }
+
+    /// Sets the value of node `id`.
+    pub(crate) fn insert(&mut self, id: NodeId, value: T) {
+        if self.0.len() <= id {
+            self.0.resize_with(id + 1, || None);
+        }
+        self.0[id] = Some(value);
+    }
+}
+
+impl<T> std::ops::Index<&NodeId> for NodeMap<T> {
+    type Output = T;
+
+    fn index(&self, id: &NodeId) -> &T {
+        self.get(id).expect("node has a value")
+    }
 }

@@ -16,10 +16,13 @@
 //! - A path through an unselected branch (`CASE`, `coalesce`, `greatest`, …)
 //!   contributes nothing, even where that branch is NaN or NULL.
 
+mod columns;
 pub mod graph;
+mod nulls;
 pub mod primitive;
 pub mod share;
 mod sweep;
+mod template;
 pub mod workspace;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};

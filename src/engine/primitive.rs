@@ -122,3 +122,22 @@ pub const SAFE_FUNCTIONS: &[&str] = &[
     "abs", "signum", "floor", "ceil", "round", "trunc", "greatest", "least", "coalesce", "nvl",
     "nvl2", "nullif", "nanvl", "isnan", "pi",
 ];
+
+/// Whether a node is SQL NULL whenever any of its arguments is: arithmetic,
+/// negation, casts and the math functions (not `CASE`, `coalesce`,
+/// `greatest`, … which may pass over a NULL argument).
+pub fn is_strict(shell: &Expr) -> bool {
+    match shell {
+        Expr::BinaryExpr(b) => is_arithmetic(b.op),
+        Expr::Negative(_) | Expr::Cast(_) | Expr::TryCast(_) => true,
+        Expr::ScalarFunction(f) => STRICT_FUNCTIONS.contains(&f.func.name()),
+        _ => false,
+    }
+}
+
+/// Functions that are SQL NULL whenever an argument is.
+const STRICT_FUNCTIONS: &[&str] = &[
+    "exp", "ln", "log", "log2", "log10", "sqrt", "cbrt", "power", "pow", "sin", "cos", "tan",
+    "cot", "asin", "acos", "atan", "atan2", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "degrees", "radians", "abs", "signum", "floor", "ceil", "round", "trunc", "isnan",
+];

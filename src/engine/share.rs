@@ -14,7 +14,7 @@
 //! row anyway (not only inside a `CASE` branch). Nodes that read outer
 //! references, placeholders or subqueries stay inline.
 
-use std::collections::{HashMap, HashSet};
+use datafusion::common::{HashMap, HashSet};
 
 use datafusion::common::Column;
 use datafusion::error::Result;
@@ -122,7 +122,7 @@ pub fn share(
     };
     let emitted = level
         .keys()
-        .chain(roots.iter().filter(|r| !level.contains_key(r)))
+        .chain(roots.iter().filter(|r| !level.contains_key(*r)))
         .fold(0u64, |acc, n| acc.saturating_add(size[n]));
     // Nodes left inline are repeated at each use: refuse what would not fit.
     if emitted > MAX_TREE_NODES {

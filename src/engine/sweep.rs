@@ -2,7 +2,7 @@
 //! (adjoints, for `grad` and `vjp`) or forward mode (tangents, for `jvp`),
 //! with the partials of each node taken from the rule table.
 
-use std::collections::HashMap;
+use datafusion::common::HashMap;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::{Column, ScalarValue};
@@ -12,8 +12,6 @@ use datafusion::logical_expr::{Expr, Operator};
 use super::graph::{self, NodeId};
 use super::primitive;
 use super::workspace::{to_float, Workspace};
-use crate::error::{fail, ErrorKind, GradError};
-use crate::rules::{Call, Partial, ARG_PREFIX};
 
 /// The state of one differentiation of the node `root`.
 pub(crate) struct Sweep<'w, 'a> {
@@ -39,12 +37,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
     pub(crate) fn new(ws: &'w mut Workspace<'a>, root: NodeId, wrt: &[Column]) -> Result<Self> {
         let mut wrt_ids = Vec::with_capacity(wrt.len());
         for c in wrt {
-            let t = ws
-                .schema()
-                .qualified_field_from_column(c)?
-                .1
-                .data_type()
-                .clone();
+            let t = ws.columns.field(c)?.data_type().clone();
             let mut v = Expr::Column(c.clone());
             if t != DataType::Float64 {
                 v = to_float(v);
@@ -226,45 +219,14 @@ impl<'w, 'a> Sweep<'w, 'a> {
         (self.ws.case_when(guard, total, None), Some(guard))
     }
 
-    /// The partial derivatives of node `id`, interned: `(node, selected)` per argument.
+    /// The partial derivatives of node `id`, interned: `(node, selected)` per
+    /// argument. The rule's output is compiled once per shell and pattern of
+    /// literal arguments ([`template`]) and instantiated for each node.
     fn partials(&mut self, id: NodeId) -> Result<Vec<Option<Local>>> {
-        let shell = self.ws.g.shell(id).clone();
-        let key = primitive::rule_key(&shell)?;
-        let rule = self
-            .ws
-            .rules
-            .get(&key)
-            .or_else(|| match &shell {
-                Expr::ScalarFunction(f) => {
-                    f.func.aliases().iter().find_map(|a| self.ws.rules.get(a))
-                }
-                _ => None,
-            })
-            .cloned()
-            .ok_or_else(|| {
-                GradError::non_differentiable(&key, "no derivative rule is registered for it")
-            })?;
         let args = self.ws.g.args(id).to_vec();
-        let symbolic: Vec<Expr> = args
-            .iter()
-            .enumerate()
-            .map(|(i, &a)| match self.ws.literal_value(a) {
-                Some(v) => crate::rules::num(v),
-                None => Call::placeholder(i),
-            })
-            .collect();
-        let call = Call::new(symbolic.clone(), graph::fill(shell, symbolic));
-        let partials = rule.partials(&call)?;
-        if partials.len() != args.len() {
-            return fail(
-                ErrorKind::NonDifferentiable,
-                format!(
-                    "the rule for `{key}` returned {} partials for {} arguments",
-                    partials.len(),
-                    args.len()
-                ),
-            );
-        }
+        let literals: Vec<Option<f64>> = args.iter().map(|&a| self.ws.literal_value(a)).collect();
+        let shell = self.ws.g.shell(id).clone();
+        let templates = self.ws.templates(shell, literals)?;
         // Numbers enter partials as Float64; other arguments (CASE conditions) as they are.
         let mut values: Vec<NodeId> = Vec::with_capacity(args.len());
         for &a in &args {
@@ -274,31 +236,13 @@ impl<'w, 'a> Sweep<'w, 'a> {
                 .is_ok_and(|t| t.is_numeric() || t == DataType::Null);
             values.push(if numeric { self.ws.value(a)? } else { a });
         }
-        let mut out = Vec::with_capacity(args.len());
-        for partial in partials {
-            let (expr, selected) = match partial {
-                Partial::Zero => {
-                    out.push(None);
-                    continue;
-                }
-                Partial::Value(e) => (e, false),
-                Partial::Selected(e) => (e, true),
-            };
-            let node = self.ws.g.intern(expr, true, &mut |e| match e {
-                Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ARG_PREFIX) => {
-                    let i: usize = c.name[ARG_PREFIX.len()..].parse().unwrap_or(usize::MAX);
-                    match values.get(i) {
-                        Some(v) => Ok(Some(*v)),
-                        None => fail(
-                            ErrorKind::NonDifferentiable,
-                            format!("the rule for `{key}` refers to a missing argument {i}"),
-                        ),
-                    }
-                }
-                _ => Ok(None),
-            })?;
-            out.push(Some((node, selected)));
-        }
-        Ok(out)
+        Ok(templates
+            .iter()
+            .map(|partial| {
+                partial
+                    .as_ref()
+                    .map(|(t, selects)| (t.instantiate(&mut self.ws.g, &values), *selects))
+            })
+            .collect())
     }
 }

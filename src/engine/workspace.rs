@@ -4,7 +4,10 @@
 //! across nesting (`grad(grad(f, x), x)` differentiates the inner derivative's
 //! DAG, never its expanded tree).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+use std::rc::Rc;
+
+use datafusion::common::{HashMap, HashSet};
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -16,11 +19,14 @@ use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::{Case, Cast, Expr, ExprSchemable, Operator};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 
-use super::graph::{self, Graph, NodeId};
+use super::columns::Columns;
+use super::graph::{self, Graph, NodeId, NodeMap};
+use super::nulls::Nulls;
 use super::primitive;
 use super::sweep::Sweep;
+use super::template::{self, Partials};
 use super::{placeholder, placeholder_index, Seed};
-use crate::error::{fail, ErrorKind};
+use crate::error::{fail, ErrorKind, GradError};
 use crate::marker::{as_marker, MarkerKind};
 use crate::rules::Rules;
 
@@ -31,10 +37,13 @@ const NODE_PREFIX: &str = "__dfgrad_node";
 pub struct Workspace<'a> {
     pub(crate) g: Graph,
     schema: &'a DFSchema,
+    pub(crate) columns: Columns<'a>,
     pub(crate) rules: &'a Rules,
-    types: HashMap<NodeId, DataType>,
-    safe: HashMap<NodeId, bool>,
-    nullable: HashMap<NodeId, bool>,
+    types: NodeMap<DataType>,
+    safe: NodeMap<bool>,
+    nullable: NodeMap<bool>,
+    templates: HashMap<(Expr, Vec<Option<u64>>), Rc<Partials>>,
+    nulls_like: Vec<(Expr, Expr)>,
 }
 
 impl<'a> Workspace<'a> {
@@ -43,10 +52,13 @@ impl<'a> Workspace<'a> {
         Self {
             g: Graph::new(),
             schema,
+            columns: Columns::new(schema),
             rules,
-            types: HashMap::new(),
-            safe: HashMap::new(),
-            nullable: HashMap::new(),
+            types: NodeMap::default(),
+            safe: NodeMap::default(),
+            nullable: NodeMap::default(),
+            templates: HashMap::new(),
+            nulls_like: Vec::new(),
         }
     }
 
@@ -82,13 +94,23 @@ impl<'a> Workspace<'a> {
         prefix: &str,
         nodes: &mut Vec<NodeId>,
     ) -> Result<Expr> {
+        // A rewrite rebuilds every node; most expressions have no marker.
+        if !e.exists(|e| Ok(as_marker(e).is_some()))? {
+            return Ok(e);
+        }
         Ok(e.transform_down(|e| {
-            let Some(kind) = as_marker(&e).map(|m| m.kind()) else {
+            let Some(marker) = as_marker(&e) else {
                 return Ok(Transformed::no(e));
             };
+            let (kind, hints) = (marker.kind(), marker.nulls_like().to_vec());
             let Expr::ScalarFunction(call) = e else {
                 unreachable!("as_marker matched a scalar function")
             };
+            for (seed, value) in hints {
+                if let (Some(s), Some(v)) = (call.args.get(seed), call.args.get(value)) {
+                    self.nulls_like(s.clone(), v.clone());
+                }
+            }
             nodes.push(self.marker(kind, &call.args)?);
             Ok(Transformed::new(
                 placeholder(prefix, nodes.len() - 1),
@@ -126,7 +148,9 @@ impl<'a> Workspace<'a> {
     /// node per variable (`grad`, `vjp`) or one node (`jvp`), Float64, NULL
     /// exactly where `f` (or a tangent/cotangent) is NULL.
     pub fn derivative(&mut self, f: &Expr, wrt: &[Column], seed: Seed) -> Result<Vec<NodeId>> {
-        let promoted = promote_variables(f.clone(), wrt, self.schema)?;
+        // Taken first: nested markers in `f` are differentiated below.
+        let hints = std::mem::take(&mut self.nulls_like);
+        let promoted = promote_variables(f.clone(), wrt, &self.columns, self.schema)?;
         let root = self.intern(promoted)?;
         // Typed node by node: DataFusion's own `get_type` on a deep `f` is
         // quadratic (each level formats its arguments' names).
@@ -137,24 +161,27 @@ impl<'a> Workspace<'a> {
                 format!("cannot differentiate `{f}`: its type is {t}, not a number"),
             );
         }
-        let mut nullable = vec![];
-        if self.nullable(root) {
-            nullable.push(root);
-        }
+        let f_nullable = self.nullable(root);
         let seeds = match &seed {
             Seed::Grad => vec![],
             Seed::Vjp(u) => vec![u.clone()],
             Seed::Jvp(tangents) => tangents.clone(),
         };
         let mut seed_ids = Vec::with_capacity(seeds.len());
+        let mut nullable_seeds = Vec::new();
         for s in seeds {
             let is_nullable = s.nullable(self.schema)?;
             let id = self.intern(s)?;
             let id = self.value(id)?;
             if is_nullable {
-                nullable.push(id);
+                nullable_seeds.push(id);
             }
             seed_ids.push(id);
+        }
+        let mut like = Vec::with_capacity(hints.len());
+        for (seed, value) in hints {
+            let seed = self.intern(seed)?;
+            like.push((self.value(seed)?, self.intern(value)?));
         }
         let mut sweep = Sweep::new(self, root, wrt)?;
         let outputs = match seed {
@@ -165,28 +192,73 @@ impl<'a> Workspace<'a> {
             Seed::Vjp(_) => sweep.reverse((seed_ids[0], None))?,
             Seed::Jvp(_) => vec![sweep.forward(&seed_ids)?],
         };
-        let mut null_if = None;
-        for id in nullable {
-            let is_null = self.g.add(Expr::IsNull(Box::new(graph::hole())), vec![id]);
-            null_if = Some(match null_if {
-                None => is_null,
-                Some(c) => self.g.binary(Operator::Or, c, is_null),
-            });
-        }
+        let outputs: Vec<NodeId> = outputs
+            .into_iter()
+            .map(|(id, guard)| match guard {
+                Some(guard) => self.zero_off(guard, id),
+                None => id,
+            })
+            .collect();
+        let f_nulls = f_nullable.then_some(root);
+        let guards = Nulls::new(self, f_nulls, &nullable_seeds, &like, &outputs);
         let null = self.g.add(crate::rules::null(), vec![]);
         Ok(outputs
             .into_iter()
-            .map(|(id, guard)| {
-                let d = match guard {
-                    Some(guard) => self.zero_off(guard, id),
-                    None => id,
-                };
+            .map(|d| {
+                let mut null_if = None;
+                for id in guards.needed(d) {
+                    let is_null = self.g.add(Expr::IsNull(Box::new(graph::hole())), vec![id]);
+                    null_if = Some(match null_if {
+                        None => is_null,
+                        Some(c) => self.g.binary(Operator::Or, c, is_null),
+                    });
+                }
                 match null_if {
                     Some(cond) => self.case_when(cond, null, Some(d)),
                     None => d,
                 }
             })
             .collect())
+    }
+
+    /// Declares, for the next [`Workspace::derivative`], that the tangent
+    /// `seed` is SQL NULL exactly where `value` is (e.g. `avg(∂f/∂w)` and
+    /// `avg(f)`), so a derivative that is NULL where `seed` is needs no test
+    /// of `value`.
+    pub(crate) fn nulls_like(&mut self, seed: Expr, value: Expr) {
+        self.nulls_like.push((seed, value));
+    }
+
+    /// The partials of `shell` applied to arguments that are the literals
+    /// `literals[i]` where given, compiled from the rule table once.
+    pub(crate) fn templates(
+        &mut self,
+        shell: Expr,
+        literals: Vec<Option<f64>>,
+    ) -> Result<Rc<Partials>> {
+        let key = (
+            shell,
+            literals.iter().map(|v| v.map(f64::to_bits)).collect(),
+        );
+        if let Some(t) = self.templates.get(&key) {
+            return Ok(Rc::clone(t));
+        }
+        let name = primitive::rule_key(&key.0)?;
+        let rule = self
+            .rules
+            .get(&name)
+            .or_else(|| match &key.0 {
+                Expr::ScalarFunction(f) => f.func.aliases().iter().find_map(|a| self.rules.get(a)),
+                _ => None,
+            })
+            .ok_or_else(|| {
+                GradError::non_differentiable(&name, "no derivative rule is registered for it")
+            })?;
+        let compiled = Rc::new(template::compile(&name, &key.0, &literals, |call| {
+            rule.partials(call)
+        })?);
+        self.templates.insert(key, Rc::clone(&compiled));
+        Ok(compiled)
     }
 
     /// The data type of node `id`, typing each node once from its children's
@@ -203,6 +275,30 @@ impl<'a> Workspace<'a> {
     }
 
     fn type_of_node(&self, n: NodeId) -> Result<DataType> {
+        // The common cases directly, the rest by DataFusion's typing of the
+        // node over typed NULL children.
+        let float = |a: &NodeId| self.types[a] == DataType::Float64;
+        match self.g.shell(n) {
+            Expr::Column(c) => return Ok(self.columns.field(c)?.data_type().clone()),
+            Expr::Literal(v, _) => return Ok(v.data_type()),
+            Expr::Cast(c) => return Ok(c.field.data_type().clone()),
+            Expr::IsNull(_) | Expr::IsNotNull(_) => return Ok(DataType::Boolean),
+            Expr::Negative(_) if self.g.args(n).iter().all(float) => return Ok(DataType::Float64),
+            Expr::BinaryExpr(b)
+                if graph::is_arithmetic(b.op) && self.g.args(n).iter().all(float) =>
+            {
+                return Ok(DataType::Float64)
+            }
+            // A function of Float64 values: its return type for those types
+            // (no argument is a literal whose value could decide the type).
+            Expr::ScalarFunction(f) if self.g.args(n).iter().all(float) => {
+                let types = vec![DataType::Float64; self.g.args(n).len()];
+                if let Ok(t) = f.func.return_type(&types) {
+                    return Ok(t);
+                }
+            }
+            _ => {}
+        }
         let mut children = Vec::with_capacity(self.g.args(n).len());
         for &a in self.g.args(n) {
             let child = match self.g.shell(a) {
@@ -236,13 +332,13 @@ impl<'a> Workspace<'a> {
     /// Computed on the DAG: DataFusion's `Expr::nullable` formats argument
     /// names at every level, quadratic on deep expressions.
     pub fn nullable(&mut self, id: NodeId) -> bool {
+        if let Some(&known) = self.nullable.get(&id) {
+            return known;
+        }
         for n in self.unclassified(id, |ws, n| ws.nullable.contains_key(&n)) {
             let any_child = self.g.args(n).iter().any(|a| self.nullable[a]);
             let value = match self.g.shell(n) {
-                Expr::Column(c) => self
-                    .schema
-                    .qualified_field_from_column(c)
-                    .map_or(true, |(_, f)| f.is_nullable()),
+                Expr::Column(c) => self.columns.field(c).map_or(true, |f| f.is_nullable()),
                 Expr::Literal(v, _) => v.is_null(),
                 Expr::IsNull(_) | Expr::IsNotNull(_) => false,
                 Expr::Case(case) => case.else_expr.is_none() || any_child,
@@ -332,14 +428,27 @@ impl<'a> Workspace<'a> {
     }
 
     /// A numeric literal node's value as f64.
+    /// A cast of a literal counts as the cast value (type coercion wraps
+    /// literals in casts, e.g. the exponent of `power(x, 2)`).
     pub(crate) fn literal_value(&self, id: NodeId) -> Option<f64> {
+        let v = self.literal(id)?;
+        if v.is_null() || !v.data_type().is_numeric() {
+            return None;
+        }
+        match v.cast_to(&DataType::Float64).ok()? {
+            ScalarValue::Float64(Some(x)) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// The value of node `id` when it is a literal or a cast of one.
+    fn literal(&self, id: NodeId) -> Option<ScalarValue> {
         match self.g.shell(id) {
-            Expr::Literal(v, _) if !v.is_null() && v.data_type().is_numeric() => {
-                match v.cast_to(&DataType::Float64).ok()? {
-                    ScalarValue::Float64(Some(x)) => Some(x),
-                    _ => None,
-                }
-            }
+            Expr::Literal(v, _) => Some(v.clone()),
+            Expr::Cast(c) => self
+                .literal(self.g.args(id)[0])?
+                .cast_to(c.field.data_type())
+                .ok(),
             _ => None,
         }
     }
@@ -369,13 +478,20 @@ impl<'a> Workspace<'a> {
 /// BIGINT) * 3`) are removed first: they are the identity on integers, not a
 /// step function, and re-coercion redoes what they did in Float64. The
 /// variables of nested markers stay columns (each marker promotes its own).
-fn promote_variables(f: Expr, wrt: &[Column], schema: &DFSchema) -> Result<Expr> {
-    let mut promote = Vec::new();
+fn promote_variables(
+    f: Expr,
+    wrt: &[Column],
+    columns: &Columns,
+    schema: &DFSchema,
+) -> Result<Expr> {
+    let mut promote = HashSet::new();
     for c in wrt {
-        let t = schema.qualified_field_from_column(c)?.1.data_type();
+        let t = columns.field(c)?.data_type();
         match t {
             DataType::Float64 => {}
-            t if t.is_numeric() => promote.push(c.clone()),
+            t if t.is_numeric() => {
+                promote.insert(c.clone());
+            }
             t => {
                 return fail(
                     ErrorKind::UnsupportedType,
@@ -410,7 +526,7 @@ fn promote_variables(f: Expr, wrt: &[Column], schema: &DFSchema) -> Result<Expr>
 }
 
 /// A nested marker call with the casts just added around its variables removed.
-fn unpromote_wrt(kind: MarkerKind, call: Expr, promoted: &[Column]) -> Expr {
+fn unpromote_wrt(kind: MarkerKind, call: Expr, promoted: &HashSet<Column>) -> Expr {
     let Expr::ScalarFunction(ScalarFunction { func, mut args }) = call else {
         unreachable!("a marker is a scalar function")
     };

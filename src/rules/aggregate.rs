@@ -15,21 +15,27 @@
 //! | `var_samp(g)` / `var_pop(g)` | `2·covar_samp(g, dg)` / `2·covar_pop(g, dg)` |
 //! | `stddev(g)` / `stddev_pop(g)` | `covar_samp(g, dg) / stddev(g)` / `covar_pop(g, dg) / stddev_pop(g)` |
 //! | `covar_samp(a, b)` / `covar_pop(a, b)` | `covar(da, b) + covar(a, db)` (same kind) |
+//! | `max(g)` / `min(g)` | `sum(dg where g = m) / count(g = m)`, `m` the group's max / min |
 //!
 //! The variance rules use `Σ(g − ḡ) = 0`: `d var_pop = (2/n)·Σ(g − ḡ)·dg =
 //! 2·covar_pop(g, dg)`, computed with DataFusion's numerically stable
 //! covariance. Rows where `g` is NULL are skipped by both sides alike (the
-//! derivative is NULL exactly where `g` is).
+//! derivative is NULL exactly where `g` is). For `max` and `min`, `m` is a
+//! window function over the group (`max(g) OVER (PARTITION BY keys)`) that
+//! the analyzer computes below the aggregate; ties share the derivative evenly.
 
 use std::sync::Arc;
 
 use datafusion::error::Result;
 use datafusion::functions_aggregate::average::avg_udaf;
 use datafusion::functions_aggregate::covariance::{covar_pop_udaf, covar_samp_udaf};
+use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
 use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
 use datafusion::functions_aggregate::sum::sum_udaf;
-use datafusion::logical_expr::expr::AggregateFunction;
-use datafusion::logical_expr::{AggregateUDF, Expr};
+use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
+use datafusion::logical_expr::{
+    when, AggregateUDF, Expr, ExprFunctionExt, WindowFunctionDefinition,
+};
 
 use super::num;
 
@@ -37,13 +43,19 @@ use super::num;
 #[derive(Debug)]
 pub struct AggregateCall<'a> {
     call: &'a AggregateFunction,
+    group: &'a [Expr],
     derivatives: Vec<Expr>,
 }
 
 impl<'a> AggregateCall<'a> {
-    /// `call`, whose argument `i` has derivative `derivatives[i]`.
-    pub fn new(call: &'a AggregateFunction, derivatives: Vec<Expr>) -> Self {
-        Self { call, derivatives }
+    /// `call` in an aggregation grouped by `group`, whose argument `i` has
+    /// derivative `derivatives[i]`.
+    pub fn new(call: &'a AggregateFunction, group: &'a [Expr], derivatives: Vec<Expr>) -> Self {
+        Self {
+            call,
+            group,
+            derivatives,
+        }
     }
 
     /// Argument `i` of the call.
@@ -66,6 +78,24 @@ impl<'a> AggregateCall<'a> {
             vec![],
             None,
         ))
+    }
+
+    /// `udaf(args)` over the rows of the call's group, as a window function
+    /// seen by each row (e.g. the group's maximum next to every value).
+    pub fn over_group(&self, udaf: Arc<AggregateUDF>, args: Vec<Expr>) -> Result<Expr> {
+        let args = match &self.call.params.filter {
+            Some(filter) => args
+                .into_iter()
+                .map(|a| when(filter.as_ref().clone(), a).end())
+                .collect::<Result<_>>()?,
+            None => args,
+        };
+        Expr::from(WindowFunction::new(
+            WindowFunctionDefinition::AggregateUDF(udaf),
+            args,
+        ))
+        .partition_by(self.group.to_vec())
+        .build()
     }
 }
 
@@ -98,7 +128,20 @@ pub const AGGREGATE_RULES: &[(&str, AggregateRule)] = &[
         Ok(covariance_product(c, covar_samp_udaf()))
     }),
     ("covar_pop", |c| Ok(covariance_product(c, covar_pop_udaf()))),
+    ("max", |c| extreme(c, max_udaf())),
+    ("min", |c| extreme(c, min_udaf())),
 ];
+
+/// `max(g)` / `min(g)`: the derivative at the rows that attain it, split
+/// evenly among ties (as JAX does): `sum(dg where g = m) / count(g = m)`,
+/// with `m` the group's extreme seen by each row.
+fn extreme(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Result<Expr> {
+    let at = c.arg(0).eq(c.over_group(kind, vec![c.arg(0)])?);
+    Ok(
+        c.aggregate(sum_udaf(), vec![when(at.clone(), c.derivative(0)).end()?])
+            / c.aggregate(sum_udaf(), vec![when(at, num(1.0)).end()?]),
+    )
+}
 
 /// `cov(g, dg)` of the one-argument aggregate `c`.
 fn covariance(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Expr {
@@ -111,8 +154,14 @@ fn covariance_product(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Expr {
         + c.aggregate(kind, vec![c.arg(0), c.derivative(1)])
 }
 
+/// The aggregates whose derivative is SQL NULL exactly where the aggregate
+/// is: they aggregate the arguments' derivatives alone (over the rows where
+/// the argument is not NULL), and a derivative is NULL exactly where its
+/// argument is.
+pub const SAME_NULLS: &[&str] = &["sum", "avg", "max", "min"];
+
 /// The rule for the aggregate `call`, by its name or one of its aliases.
-pub fn aggregate_rule(call: &AggregateFunction) -> Option<AggregateRule> {
+pub fn aggregate_rule(call: &AggregateFunction) -> Option<(&'static str, AggregateRule)> {
     let names =
         std::iter::once(call.func.name()).chain(call.func.aliases().iter().map(String::as_str));
     names
@@ -121,6 +170,6 @@ pub fn aggregate_rule(call: &AggregateFunction) -> Option<AggregateRule> {
                 .iter()
                 .filter(move |(k, _)| k.eq_ignore_ascii_case(n))
         })
-        .map(|(_, rule)| *rule)
+        .copied()
         .next()
 }

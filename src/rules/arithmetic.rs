@@ -69,6 +69,7 @@ fn pow(c: &Call) -> Result<Vec<Partial>> {
     let (a, b) = (c.arg(0), c.arg(1));
     let d_base = match c.literal(1) {
         Some(0.0) => Partial::Zero,
+        Some(2.0) => Partial::Value(num(2.0) * a.clone()),
         Some(e) if e >= 1.0 => Partial::Value(num(e) * power(a.clone(), num(e - 1.0))),
         Some(e) => Partial::Value(num(e) / power(a.clone(), num(1.0 - e))),
         None => Partial::Value(

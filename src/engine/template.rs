@@ -1,0 +1,102 @@
+//! A rule's partial derivatives, compiled once per shape of application.
+//!
+//! Calling a rule builds its partials as expression trees, which are then
+//! interned node by node; on an expression with thousands of products that is
+//! most of the work of a sweep. A [`Template`] is the rule's output for one
+//! shell and one pattern of literal arguments, already interned into a small
+//! graph over placeholder arguments: instantiating it for a node adds its
+//! nodes, with the node's own arguments in place of the placeholders.
+
+use datafusion::error::Result;
+use datafusion::logical_expr::Expr;
+
+use super::graph::{Graph, NodeId};
+use crate::error::{fail, ErrorKind};
+use crate::rules::{Call, Partial, ARG_PREFIX};
+
+/// One partial derivative over placeholder arguments `0..arity`.
+#[derive(Debug)]
+pub(crate) struct Template {
+    /// Nodes `0..arity` are the arguments; the others are built in order.
+    graph: Graph,
+    arity: usize,
+    root: NodeId,
+}
+
+/// The partials of one rule application: `None` for a zero partial, else the
+/// template and whether the partial selects (see [`Partial::Selected`]).
+pub(crate) type Partials = Vec<Option<(Template, bool)>>;
+
+/// Compiles the partials that `rule` gives for `shell` applied to arguments
+/// that are the literals `literals[i]` where given, and anything otherwise.
+pub(crate) fn compile(
+    key: &str,
+    shell: &Expr,
+    literals: &[Option<f64>],
+    partials: impl FnOnce(&Call) -> Result<Vec<Partial>>,
+) -> Result<Partials> {
+    let arity = literals.len();
+    let symbolic: Vec<Expr> = literals
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match v {
+            Some(v) => crate::rules::num(*v),
+            None => Call::placeholder(i),
+        })
+        .collect();
+    let call = Call::new(
+        symbolic.clone(),
+        super::graph::fill(shell.clone(), symbolic),
+    );
+    let partials = partials(&call)?;
+    if partials.len() != arity {
+        return fail(
+            ErrorKind::NonDifferentiable,
+            format!(
+                "the rule for `{key}` returned {} partials for {arity} arguments",
+                partials.len(),
+            ),
+        );
+    }
+    let mut out = Vec::with_capacity(arity);
+    for partial in partials {
+        let (expr, selects) = match partial {
+            Partial::Zero => {
+                out.push(None);
+                continue;
+            }
+            Partial::Value(e) => (e, false),
+            Partial::Selected(e) => (e, true),
+        };
+        let mut graph = Graph::new();
+        for i in 0..arity {
+            graph.add(Call::placeholder(i), vec![]);
+        }
+        let root = graph.intern(expr, true, &mut |e| match e {
+            Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ARG_PREFIX) => {
+                match c.name[ARG_PREFIX.len()..].parse::<usize>() {
+                    Ok(i) if i < arity => Ok(Some(i)),
+                    _ => fail(
+                        ErrorKind::NonDifferentiable,
+                        format!("the rule for `{key}` refers to a missing argument `{c}`"),
+                    ),
+                }
+            }
+            _ => Ok(None),
+        })?;
+        out.push(Some((Template { graph, arity, root }, selects)));
+    }
+    Ok(out)
+}
+
+impl Template {
+    /// Adds this partial to `g` with `args` as its arguments; its node.
+    pub(crate) fn instantiate(&self, g: &mut Graph, args: &[NodeId]) -> NodeId {
+        let mut ids: Vec<NodeId> = args[..self.arity].to_vec();
+        for id in self.arity..self.graph.len() {
+            let children: Vec<NodeId> = self.graph.args(id).iter().map(|&a| ids[a]).collect();
+            ids.push(g.copy_node(&self.graph, id, &children));
+        }
+        ids[self.root]
+    }
+}
