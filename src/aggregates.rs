@@ -31,6 +31,7 @@ use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
     lit, Aggregate, Expr, JoinType, LogicalPlan, Projection, ScalarUDF, Window,
+    WindowFunctionDefinition,
 };
 
 use crate::analyzer::{has_marker, rewrite_node, wrt_columns};
@@ -160,9 +161,15 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         }
     }
     // f over copies of the aggregate outputs, carried up under new names.
+    // (A window output visible here is read where it is: DataFusion 55's
+    // common subexpression elimination breaks plans that compute one window
+    // expression in two stacked Window nodes.)
     let values: Vec<Expr> = refs
         .iter()
-        .map(|r| added.column(r.plan, aggregate_call(r).clone()))
+        .map(|r| match (r.plan, scope.column_of(r.plan, r.idx)) {
+            (LogicalPlan::Window(_), Some(c)) => Expr::Column(c.clone()),
+            _ => added.column(r.plan, aggregate_call(r).clone()),
+        })
         .collect();
     let f = fill_placeholders(f, AGGREGATE_PREFIX, &values)?;
     let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
@@ -174,7 +181,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         let mut nulls_like = Vec::new();
         for (r, value) in refs.iter().zip(&values) {
             args.push(value.clone());
-            let (tangent, same_nulls) = derivative_aggregate(r, id, w, &grad, added)?;
+            let (tangent, same_nulls) = derivative_aggregate(r, id, w, &grad, scope, added)?;
             if same_nulls {
                 nulls_like.push((args.len(), args.len() - 1));
             }
@@ -217,12 +224,13 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
 }
 
-/// The aggregate expression behind an aggregate output.
+/// The aggregate (or window function) expression behind an output.
 fn aggregate_call<'p>(r: &AggregateRef<'p>) -> &'p Expr {
-    let LogicalPlan::Aggregate(a) = r.plan else {
-        unreachable!("aggregate references point at Aggregate nodes")
-    };
-    unalias(&a.aggr_expr[r.idx - a.group_expr.len()])
+    match r.plan {
+        LogicalPlan::Aggregate(a) => unalias(&a.aggr_expr[r.idx - a.group_expr.len()]),
+        LogicalPlan::Window(w) => unalias(&w.window_expr[r.idx - w.input.schema().fields().len()]),
+        _ => unreachable!("aggregate references point at Aggregate and Window nodes"),
+    }
 }
 
 fn unalias(e: &Expr) -> &Expr {
@@ -232,52 +240,87 @@ fn unalias(e: &Expr) -> &Expr {
     }
 }
 
-/// `dA/dw` for the aggregate output `r` as an expression over new aggregate
-/// columns of its node, and whether it is SQL NULL exactly where `A` is;
-/// `id` is the variable's identity.
+/// `dA/dw` for the aggregate (or window) output `r` as an expression over new
+/// aggregate (window) columns of its node, and whether it is SQL NULL
+/// exactly where `A` is; `id` is the variable's identity.
 fn derivative_aggregate(
     r: &AggregateRef,
     id: Option<crate::lineage::Identity>,
     w: &Column,
     grad: &ScalarUDF,
+    scope: &Scope,
     added: &mut Added,
 ) -> Result<(Expr, bool)> {
-    let LogicalPlan::Aggregate(a) = r.plan else {
-        unreachable!("aggregate references point at Aggregate nodes")
+    // The aggregate's name, arguments, DISTINCT flag, and the keys that are
+    // constant within its groups (GROUP BY / PARTITION BY) with their input.
+    let (udaf, args, distinct, keys, input) = match (r.plan, aggregate_call(r)) {
+        (LogicalPlan::Aggregate(a), Expr::AggregateFunction(call)) => (
+            &call.func,
+            &call.params.args,
+            call.params.distinct,
+            &a.group_expr,
+            &a.input,
+        ),
+        (LogicalPlan::Window(win), Expr::WindowFunction(call)) => match &call.fun {
+            WindowFunctionDefinition::AggregateUDF(f) => (
+                f,
+                &call.params.args,
+                call.params.distinct,
+                &call.params.partition_by,
+                &win.input,
+            ),
+            WindowFunctionDefinition::WindowUDF(f) => {
+                return Err(GradError::non_differentiable(
+                    f.name(),
+                    "a ranking or navigation window function has no derivative",
+                )
+                .into())
+            }
+        },
+        (_, e) => {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!("`{e}` is not an aggregate call"),
+            )
+        }
     };
-    let Expr::AggregateFunction(call) = aggregate_call(r) else {
-        return fail(
-            ErrorKind::NeedsPlanContext,
-            format!("`{}` is not an aggregate call", aggregate_call(r)),
-        );
-    };
-    let name = call.func.name();
-    // The variable below the aggregate: one of its group keys.
+    let name = udaf.name();
+    // The variable below the aggregate: one of its keys.
     let mut key = None;
-    for (i, g) in a.group_expr.iter().enumerate() {
-        if id.is_some() && identity_of(r.plan, i)? == id {
-            key = Some(g);
+    for (i, k) in keys.iter().enumerate() {
+        let identity = match (r.plan, unalias(k)) {
+            // A group key is output `i` of the Aggregate.
+            (LogicalPlan::Aggregate(_), _) => identity_of(r.plan, i)?,
+            (_, Expr::Column(c)) => identity_of(input, input.schema().index_of_column(c)?)?,
+            _ => None,
+        };
+        if id.is_some() && identity == id {
+            key = Some(k);
         }
     }
+    let keyword = match r.plan {
+        LogicalPlan::Window(_) => "PARTITION BY",
+        _ => "GROUP BY",
+    };
     let w_in = match key.map(unalias) {
         Some(Expr::Column(c)) => c.clone(),
         Some(other) => {
             return fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
-                    "the variable `{w}` is the group key `{other}`, an expression; group by \
-                     the column itself to differentiate {name}(…) with respect to it"
+                    "the variable `{w}` is the key `{other}`, an expression; use the column \
+                     itself in {keyword} to differentiate {name}(…) with respect to it"
                 ),
             )
         }
         None => {
-            let below = Scope::new(vec![a.input.as_ref()])?;
+            let below = Scope::new(vec![input.as_ref()])?;
             if id.is_some_and(|id| below.sees(id)) {
                 return fail(
                     ErrorKind::NeedsPlanContext,
                     format!(
                         "the variable `{w}` varies within the groups of {name}(…): add it to \
-                         the GROUP BY (it is then constant within each group), or put the \
+                         the {keyword} (it is then constant within each group), or put the \
                          marker inside the aggregate, e.g. avg(grad(f, {w}))"
                     ),
                 );
@@ -286,30 +329,50 @@ fn derivative_aggregate(
             return Ok((lit(0.0), false));
         }
     };
-    if call.params.distinct {
+    if distinct {
         return fail(
             ErrorKind::NonDifferentiable,
             format!("{name}(DISTINCT …) has no derivative: equal values are merged"),
         );
     }
-    let (rule_name, rule) = aggregate_rule(call).ok_or_else(|| {
+    let (rule_name, rule) = aggregate_rule(udaf).ok_or_else(|| {
         GradError::non_differentiable(
             name,
             "no derivative rule is registered for this aggregate (supported: sum, avg, count, \
              var_samp, var_pop, stddev, stddev_pop, covar_samp, covar_pop, min, max)",
         )
     })?;
-    let derivatives = call
-        .params
-        .args
+    let derivatives = args
         .iter()
         .map(|g| grad.call(vec![g.clone(), Expr::Column(w_in.clone())]))
         .collect();
-    let derivative = rule(&AggregateCall::new(call, &a.group_expr, derivatives))?;
-    // Each window function in the rule's result becomes a column below the
-    // node, each aggregate call a column of the node.
+    let derivative = match (r.plan, aggregate_call(r)) {
+        (LogicalPlan::Aggregate(a), Expr::AggregateFunction(call)) => {
+            rule(&AggregateCall::new(call, &a.group_expr, derivatives))?
+        }
+        (_, Expr::WindowFunction(call)) => rule(&AggregateCall::window(call, derivatives))?,
+        _ => unreachable!("matched above"),
+    };
+    // Under an Aggregate, each aggregate call of the rule's result becomes a
+    // column of the node and each window function a column below it; under a
+    // Window, each window function becomes a column of the node.
+    let is_window = matches!(r.plan, LogicalPlan::Window(_));
+    let original = scope
+        .column_of(r.plan, r.idx)
+        .map(|c| (aggregate_call(r), Expr::Column(c.clone())));
     let derivative = derivative
+        .transform_down(|e| match (e, &original) {
+            // The window output itself (the stddev rule divides by it).
+            (e, Some((call, column))) if is_window && e == **call => Ok(Transformed::new(
+                column.clone(),
+                true,
+                TreeNodeRecursion::Jump,
+            )),
+            (e, _) => Ok(Transformed::no(e)),
+        })?
+        .data
         .transform_up(|e| match e {
+            Expr::WindowFunction(_) if is_window => Ok(Transformed::yes(added.column(r.plan, e))),
             Expr::WindowFunction(_) => Ok(Transformed::yes(added.window(r.plan, e))),
             e => Ok(Transformed::no(e)),
         })?
@@ -330,9 +393,23 @@ fn derivative_aggregate(
 /// and passed up to `plan`'s output, and their names; `None` when no added
 /// column is below `plan`.
 fn carry(plan: &LogicalPlan, added: &Added) -> Result<Option<(LogicalPlan, Vec<String>)>> {
+    if let (Some(columns), LogicalPlan::Window(w)) = (added.by_node.get(&address(plan)), plan) {
+        // Window nodes stack (one per distinct window): carry from below first.
+        let (input, mut names) = match carry(&w.input, added)? {
+            Some((input, names)) => (Arc::new(input), names),
+            None => (Arc::clone(&w.input), vec![]),
+        };
+        let mut exprs = w.window_expr.clone();
+        exprs.extend(columns.iter().map(|(n, e)| e.clone().alias(n)));
+        let node = LogicalPlan::Window(Window::try_new(exprs, input)?);
+        // The new window functions hold markers: differentiate them now.
+        let node = rewrite_node(node)?.data;
+        names.extend(columns.iter().map(|(n, _)| n.clone()));
+        return Ok(Some((node, names)));
+    }
     if let Some(columns) = added.by_node.get(&address(plan)) {
         let LogicalPlan::Aggregate(a) = plan else {
-            unreachable!("columns are added to Aggregate nodes")
+            unreachable!("columns are added to Aggregate and Window nodes")
         };
         let mut aggr = a.aggr_expr.clone();
         aggr.extend(columns.iter().map(|(n, e)| e.clone().alias(n)));

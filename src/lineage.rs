@@ -210,6 +210,12 @@ impl<'p> Scope<'p> {
         self.visible.contains_key(&id)
     }
 
+    /// The column that shows output `idx` of `plan` at the scope, if one does.
+    pub fn column_of(&self, plan: &LogicalPlan, idx: usize) -> Option<&Column> {
+        self.visible
+            .get(&(plan as *const LogicalPlan as usize, idx))
+    }
+
     /// Like [`Scope::inline`], but an aggregate output that `f` reads (in
     /// itself or through derived columns) is replaced by a placeholder column
     /// `{AGGREGATE_PREFIX}{k}` for the `k`-th returned reference, instead of
@@ -340,7 +346,7 @@ impl<'p> Inliner<'_, 'p> {
 
     /// Whether outputs of `plan` are recorded (an Aggregate, in recording mode).
     fn recording(&self, plan: &LogicalPlan) -> bool {
-        self.record.is_some() && matches!(plan, LogicalPlan::Aggregate(_))
+        self.record.is_some() && matches!(plan, LogicalPlan::Aggregate(_) | LogicalPlan::Window(_))
     }
 
     /// Refuses a UNION column when the variable comes from the same UNION.

@@ -32,19 +32,28 @@ use datafusion::functions_aggregate::covariance::{covar_pop_udaf, covar_samp_uda
 use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
 use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
 use datafusion::functions_aggregate::sum::sum_udaf;
-use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
+use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction, WindowFunctionParams};
 use datafusion::logical_expr::{
     when, AggregateUDF, Expr, ExprFunctionExt, WindowFunctionDefinition,
 };
 
 use super::num;
+use crate::error::GradError;
 
 /// One call of an aggregate, with the derivatives of its arguments.
 #[derive(Debug)]
 pub struct AggregateCall<'a> {
-    call: &'a AggregateFunction,
-    group: &'a [Expr],
+    over: Over<'a>,
     derivatives: Vec<Expr>,
+}
+
+/// Where an aggregate is computed.
+#[derive(Debug)]
+enum Over<'a> {
+    /// In an aggregation grouped by these keys.
+    Group(&'a AggregateFunction, &'a [Expr]),
+    /// As a window function.
+    Window(&'a WindowFunction),
 }
 
 impl<'a> AggregateCall<'a> {
@@ -52,15 +61,26 @@ impl<'a> AggregateCall<'a> {
     /// derivative `derivatives[i]`.
     pub fn new(call: &'a AggregateFunction, group: &'a [Expr], derivatives: Vec<Expr>) -> Self {
         Self {
-            call,
-            group,
+            over: Over::Group(call, group),
+            derivatives,
+        }
+    }
+
+    /// The aggregate window function `call`, whose argument `i` has
+    /// derivative `derivatives[i]`.
+    pub fn window(call: &'a WindowFunction, derivatives: Vec<Expr>) -> Self {
+        Self {
+            over: Over::Window(call),
             derivatives,
         }
     }
 
     /// Argument `i` of the call.
     pub fn arg(&self, i: usize) -> Expr {
-        self.call.params.args[i].clone()
+        match self.over {
+            Over::Group(call, _) => call.params.args[i].clone(),
+            Over::Window(call) => call.params.args[i].clone(),
+        }
     }
 
     /// The derivative of argument `i`.
@@ -68,22 +88,45 @@ impl<'a> AggregateCall<'a> {
         self.derivatives[i].clone()
     }
 
-    /// `udaf(args)` over the same rows as the call (its `FILTER`).
+    /// `udaf(args)` over the same rows as the call (its `FILTER`; for a
+    /// window function, its window).
     pub fn aggregate(&self, udaf: Arc<AggregateUDF>, args: Vec<Expr>) -> Expr {
-        Expr::AggregateFunction(AggregateFunction::new_udf(
-            udaf,
-            args,
-            false,
-            self.call.params.filter.clone(),
-            vec![],
-            None,
-        ))
+        match self.over {
+            Over::Group(call, _) => Expr::AggregateFunction(AggregateFunction::new_udf(
+                udaf,
+                args,
+                false,
+                call.params.filter.clone(),
+                vec![],
+                None,
+            )),
+            Over::Window(call) => Expr::from(WindowFunction {
+                fun: WindowFunctionDefinition::AggregateUDF(udaf),
+                params: WindowFunctionParams {
+                    args,
+                    null_treatment: None,
+                    distinct: false,
+                    ..call.params.clone()
+                },
+            }),
+        }
     }
 
     /// `udaf(args)` over the rows of the call's group, as a window function
     /// seen by each row (e.g. the group's maximum next to every value).
     pub fn over_group(&self, udaf: Arc<AggregateUDF>, args: Vec<Expr>) -> Result<Expr> {
-        let args = match &self.call.params.filter {
+        let (call, group) = match self.over {
+            Over::Group(call, group) => (call, group),
+            Over::Window(call) => {
+                return Err(GradError::non_differentiable(
+                    call.fun.name(),
+                    "as a window function its derivative would need the extreme of every \
+                     row's own window; use it in a GROUP BY aggregate",
+                )
+                .into())
+            }
+        };
+        let args = match &call.params.filter {
             Some(filter) => args
                 .into_iter()
                 .map(|a| when(filter.as_ref().clone(), a).end())
@@ -94,7 +137,7 @@ impl<'a> AggregateCall<'a> {
             WindowFunctionDefinition::AggregateUDF(udaf),
             args,
         ))
-        .partition_by(self.group.to_vec())
+        .partition_by(group.to_vec())
         .build()
     }
 }
@@ -160,11 +203,11 @@ fn covariance_product(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Expr {
 /// argument is.
 pub const SAME_NULLS: &[&str] = &["sum", "avg", "max", "min"];
 
-/// The rule for the aggregate `call`, by its name or one of its aliases.
-pub fn aggregate_rule(call: &AggregateFunction) -> Option<(&'static str, AggregateRule)> {
-    let names =
-        std::iter::once(call.func.name()).chain(call.func.aliases().iter().map(String::as_str));
-    names
+/// The rule for the aggregate function `udaf`, by its name or one of its
+/// aliases (case-insensitive), and the name it has in the table.
+pub fn aggregate_rule(udaf: &AggregateUDF) -> Option<(&'static str, AggregateRule)> {
+    std::iter::once(udaf.name())
+        .chain(udaf.aliases().iter().map(String::as_str))
         .flat_map(|n| {
             AGGREGATE_RULES
                 .iter()
