@@ -81,37 +81,32 @@ struct Added {
 }
 
 impl Added {
-    /// A column `agg` of the Aggregate `plan`, reusing an equal one.
+    /// A column `agg` of the Aggregate (or Window) `plan`, reusing an equal one.
     fn column(&mut self, plan: &LogicalPlan, agg: Expr) -> Expr {
         let list = self.by_node.entry(address(plan)).or_default();
-        let name = match list.iter().find(|(_, e)| *e == agg) {
-            Some((name, _)) => name.clone(),
-            None => {
-                let name = format!("__dfgrad_agg{}", self.count);
-                self.count += 1;
-                list.push((name.clone(), agg));
-                name
-            }
-        };
-        Expr::Column(Column::new_unqualified(name))
+        named(list, &mut self.count, "__dfgrad_agg", agg)
     }
-}
 
-impl Added {
     /// A column of a window function `w` computed below the Aggregate `plan`.
     fn window(&mut self, plan: &LogicalPlan, w: Expr) -> Expr {
         let list = self.windows.entry(address(plan)).or_default();
-        let name = match list.iter().find(|(_, e)| *e == w) {
-            Some((name, _)) => name.clone(),
-            None => {
-                let name = format!("__dfgrad_window{}", self.count);
-                self.count += 1;
-                list.push((name.clone(), w));
-                name
-            }
-        };
-        Expr::Column(Column::new_unqualified(name))
+        named(list, &mut self.count, "__dfgrad_window", w)
     }
+}
+
+/// The column of `e` in `list`, added under a new name `{prefix}{count}` if
+/// no equal expression is there.
+fn named(list: &mut Vec<(String, Expr)>, count: &mut usize, prefix: &str, e: Expr) -> Expr {
+    let name = match list.iter().find(|(_, x)| *x == e) {
+        Some((name, _)) => name.clone(),
+        None => {
+            let name = format!("{prefix}{count}");
+            *count += 1;
+            list.push((name.clone(), e));
+            name
+        }
+    };
+    Expr::Column(Column::new_unqualified(name))
 }
 
 fn address(plan: &LogicalPlan) -> usize {
