@@ -1,27 +1,10 @@
 //! End-to-end tests of the `dfgrad` command-line tool.
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
-/// Runs `dfgrad` with `args`.
-fn dfgrad(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dfgrad"))
-        .args(args)
-        .output()
-        .expect("failed to run dfgrad")
-}
-
-/// Runs `dfgrad` with `args`, asserts success and returns its stdout.
-fn dfgrad_ok(args: &[&str]) -> String {
-    let output = dfgrad(args);
-    assert!(
-        output.status.success(),
-        "dfgrad {args:?} failed with {}: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("stdout is not UTF-8")
-}
+use common::{dfgrad, dfgrad_ok};
 
 /// Runs `dfgrad` with `args`, asserts failure and returns its (stdout, stderr).
 fn dfgrad_err(args: &[&str]) -> (String, String) {

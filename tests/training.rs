@@ -2,27 +2,9 @@
 //! step as `INSERT`), each checked against an independent computation done
 //! here in plain Rust on data regenerated exactly as the SQL generates it.
 
-use std::process::{Command, Output};
+mod common;
 
-/// Runs `dfgrad` with `args`.
-fn dfgrad(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_dfgrad"))
-        .args(args)
-        .output()
-        .expect("failed to run dfgrad")
-}
-
-/// Runs `dfgrad` with `args`, asserts success and returns its stdout.
-fn dfgrad_ok(args: &[&str]) -> String {
-    let output = dfgrad(args);
-    assert!(
-        output.status.success(),
-        "dfgrad {args:?} failed with {}: {}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("stdout is not UTF-8")
-}
+use common::dfgrad_ok;
 
 /// The path of an example file.
 fn example(name: &str) -> String {

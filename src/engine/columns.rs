@@ -3,10 +3,8 @@
 //! `DFSchema`'s own lookups scan every field (and collect the matches), which
 //! makes differentiating with respect to thousands of columns quadratic.
 
-use datafusion::common::HashMap;
-
 use datafusion::arrow::datatypes::Field;
-use datafusion::common::{Column, DFSchema};
+use datafusion::common::{Column, DFSchema, HashMap};
 use datafusion::error::Result;
 
 /// The fields of a schema, indexed by qualified and by bare name.

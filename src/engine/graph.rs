@@ -10,11 +10,9 @@
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use datafusion::common::HashMap;
-
 use datafusion::common::hash_utils::RandomState;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::ScalarValue;
+use datafusion::common::{HashMap, ScalarValue};
 use datafusion::error::Result;
 use datafusion::logical_expr::{BinaryExpr, Expr, Operator};
 

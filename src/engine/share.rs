@@ -14,9 +14,7 @@
 //! row anyway (not only inside a `CASE` branch). Nodes that read outer
 //! references, placeholders or subqueries stay inline.
 
-use datafusion::common::{HashMap, HashSet};
-
-use datafusion::common::Column;
+use datafusion::common::{Column, HashMap, HashSet};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Operator};
 

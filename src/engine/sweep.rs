@@ -2,10 +2,8 @@
 //! (adjoints, for `grad` and `vjp`) or forward mode (tangents, for `jvp`),
 //! with the partials of each node taken from the rule table.
 
-use datafusion::common::HashMap;
-
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::{Column, ScalarValue};
+use datafusion::common::{Column, HashMap, ScalarValue};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Operator};
 

@@ -7,11 +7,9 @@
 use std::collections::BTreeSet;
 use std::rc::Rc;
 
-use datafusion::common::{HashMap, HashSet};
-
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::common::{Column, DFSchema, HashMap, HashSet, ScalarValue};
 use datafusion::error::Result;
 use datafusion::functions::core::named_struct;
 use datafusion::logical_expr::expr::ScalarFunction;
