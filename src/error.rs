@@ -36,6 +36,9 @@ pub enum ErrorKind {
     /// A derivative is too large to write out as self-contained expressions
     /// where its shared parts cannot be computed once.
     DerivativeTooLarge,
+    /// A statement or expression cannot be exported faithfully as SQL text
+    /// of the requested dialect (or the dialect is unknown).
+    Unexportable,
 }
 
 impl ErrorKind {
@@ -49,6 +52,7 @@ impl ErrorKind {
             ErrorKind::MarkerReachedExecution => "marker_reached_execution",
             ErrorKind::UnsupportedType => "unsupported_type",
             ErrorKind::DerivativeTooLarge => "derivative_too_large",
+            ErrorKind::Unexportable => "unexportable",
         }
     }
 }

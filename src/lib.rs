@@ -31,6 +31,7 @@ pub mod aggregates;
 pub mod analyzer;
 pub mod engine;
 pub mod error;
+pub mod export;
 pub mod lineage;
 pub mod marker;
 pub mod rules;
@@ -49,8 +50,8 @@ pub use rules::{Call, DerivativeRule, Partial, Rules};
 use analyzer::GradAnalyzer;
 use marker::{Marker, MarkerKind, SharedRules};
 
-/// Installs `grad`, `jvp`, `vjp` and the analyzer rule into `ctx`, with the
-/// built-in derivative rules.
+/// Installs `grad`, `jvp`, `vjp`, `differentiate_sql` and the analyzer rule
+/// into `ctx`, with the built-in derivative rules.
 pub fn register(ctx: &SessionContext) {
     register_with_rules(ctx, Rules::builtin());
 }
@@ -64,6 +65,9 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
             Arc::clone(&rules),
         )));
     }
+    ctx.register_udf(ScalarUDF::new_from_impl(
+        export::function::DifferentiateSql::default(),
+    ));
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
 }
 

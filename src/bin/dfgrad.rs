@@ -16,6 +16,9 @@
 //!                            taken from the extension: .csv, .parquet, .json/.ndjson
 //!                            (newline-delimited JSON), .arrow/.ipc/.feather
 //!   -q, --quiet              Do not print the "N row(s) fetched. Elapsed ..." lines
+//!       --rewrite <DIALECT>  Print the SQL with grad/jvp/vjp replaced by their
+//!                            derivatives, for datafusion, duckdb, postgres, sqlite or
+//!                            generic, instead of running it
 //! ```
 //!
 //! All `-c` commands run first, in order, then all `-f` files, in order. Execution
@@ -67,6 +70,7 @@ use arrow::util::pretty::pretty_format_batches;
 use clap::{Parser, ValueEnum};
 use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
+use datafusion_grad::export::{rewrite_sql, SqlDialect};
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
@@ -124,6 +128,17 @@ struct Args {
     /// Do not print row counts and timings
     #[arg(short, long)]
     quiet: bool,
+
+    /// Print each command and file with every grad/jvp/vjp replaced by its
+    /// derivative, as SQL of DIALECT (datafusion, duckdb, postgres, sqlite,
+    /// generic), instead of running it
+    #[arg(long, value_name = "DIALECT", value_parser = parse_dialect)]
+    rewrite: Option<SqlDialect>,
+}
+
+fn parse_dialect(s: &str) -> Result<SqlDialect, String> {
+    s.parse()
+        .map_err(|e: datafusion_grad::GradError| e.to_string())
 }
 
 /// Output format of query results.
@@ -197,15 +212,22 @@ async fn run_async(args: Args) -> Result<()> {
         quiet: args.quiet,
     };
     if args.commands.is_empty() && args.files.is_empty() {
-        return repl(&ctx, printer).await;
+        return match args.rewrite {
+            Some(_) => Err("--rewrite needs -c or -f".into()),
+            None => repl(&ctx, printer).await,
+        };
     }
-    for command in &args.commands {
-        run_statements(&ctx, printer, command).await?;
-    }
+    let mut sources = args.commands.clone();
     for file in &args.files {
         let sql = std::fs::read_to_string(file)
             .map_err(|e| format!("cannot read '{}': {e}", file.display()))?;
-        run_statements(&ctx, printer, &sql).await?;
+        sources.push(sql);
+    }
+    for sql in &sources {
+        match args.rewrite {
+            Some(dialect) => println!("{}", rewrite_sql(&ctx, sql, dialect).await?),
+            None => run_statements(&ctx, printer, sql).await?,
+        }
     }
     Ok(())
 }
