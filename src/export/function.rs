@@ -19,7 +19,7 @@ use super::{differentiate_sql, SqlDialect};
 ///
 /// ```sql
 /// SELECT differentiate_sql('x * y + sin(x)', 'x', 'duckdb');
-/// -- (y + cos(x))
+/// -- (cos(x) + y)
 /// ```
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct DifferentiateSql {
