@@ -51,21 +51,12 @@ impl Printer {
         let plan = self.lower_plan(plan.clone())?;
         match &plan {
             LogicalPlan::Dml(dml) => match &dml.op {
-                WriteOp::Insert(InsertOp::Append) => {
-                    let columns: Vec<String> = dml
-                        .input
-                        .schema()
-                        .fields()
-                        .iter()
-                        .map(|f| self.ident(f.name()))
-                        .collect();
-                    Ok(format!(
-                        "INSERT INTO {} ({}) {}",
-                        self.table(&dml.table_name),
-                        columns.join(", "),
-                        self.query(&dml.input)?
-                    ))
-                }
+                WriteOp::Insert(InsertOp::Append) => Ok(format!(
+                    "INSERT INTO {} ({}) {}",
+                    self.table(&dml.table_name),
+                    self.column_list(dml.input.schema()),
+                    self.query(&dml.input)?
+                )),
                 WriteOp::Update => self.update(&dml.table_name, &dml.input),
                 WriteOp::Delete => {
                     let (_, predicate) = self.flatten(&dml.input)?;
@@ -155,17 +146,10 @@ impl Printer {
         }
         let static_term = self.hoist_recursive(typed_literals(&rq.static_term)?, ctes)?;
         let recursive_term = self.hoist_recursive(rq.recursive_term.as_ref().clone(), ctes)?;
-        let columns: Vec<String> = rq
-            .static_term
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| self.ident(f.name()))
-            .collect();
         Ok(format!(
             "{}({}) AS ({} UNION {}{})",
             self.ident(&rq.name),
-            columns.join(", "),
+            self.column_list(rq.static_term.schema()),
             self.unparse(&static_term)?,
             if rq.is_distinct { "" } else { "ALL " },
             self.unparse(&recursive_term)?
@@ -267,6 +251,16 @@ impl Printer {
             Some(q) => Ident::with_quote(q, name).to_string(),
             None => Ident::new(name).to_string(),
         }
+    }
+
+    /// The names of `schema`'s columns, quoted where they must be, comma-separated.
+    fn column_list(&self, schema: &DFSchema) -> String {
+        let names: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| self.ident(f.name()))
+            .collect();
+        names.join(", ")
     }
 
     fn table(&self, table: &TableReference) -> String {
