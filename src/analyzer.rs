@@ -28,9 +28,11 @@ use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection};
+
 use datafusion::optimizer::AnalyzerRule;
 
 use crate::aggregates::through_aggregates;
+use crate::dml::inline_updates;
 use crate::engine::{fill_placeholders, share, Layer, Workspace};
 use crate::lineage::Scope;
 use crate::marker::{as_marker, expand_markers, MarkerKind};
@@ -45,8 +47,8 @@ pub struct GradAnalyzer;
 
 impl AnalyzerRule for GradAnalyzer {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        plan.transform_up_with_subqueries(rewrite_node)
-            .map(|t| t.data)
+        let plan = plan.transform_up_with_subqueries(rewrite_node)?.data;
+        inline_updates(plan).map(|t| t.data)
     }
 
     fn name(&self) -> &str {

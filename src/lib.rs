@@ -29,12 +29,16 @@
 
 pub mod aggregates;
 pub mod analyzer;
+mod bindings;
+pub mod dml;
 pub mod engine;
 pub mod error;
 pub mod export;
 pub mod lineage;
 pub mod marker;
 pub mod rules;
+#[cfg(feature = "substrait")]
+pub mod substrait;
 
 use std::sync::{Arc, RwLock};
 
@@ -69,6 +73,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
         export::function::DifferentiateSql::default(),
     ));
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
+    ctx.add_optimizer_rule(Arc::new(dml::InlineUpdates));
 }
 
 /// A new [`SessionContext`] with everything installed.

@@ -19,6 +19,18 @@
 //!       --rewrite <DIALECT>  Print the SQL with grad/jvp/vjp replaced by their
 //!                            derivatives, for datafusion, duckdb, postgres, sqlite or
 //!                            generic, instead of running it
+//!       --substrait <FILE>   Write the differentiated plan of the query (-c/-f: exactly
+//!                            one statement) to FILE as a Substrait plan (protobuf),
+//!                            instead of running it
+//!       --substrait-json     Print that Substrait plan as JSON to stdout instead
+//!       --substrait-profile <PROFILE>
+//!                            Shape the plan for datafusion (default) or acero (Apache
+//!                            Arrow's engine, pyarrow.substrait); what Acero cannot run
+//!                            with DataFusion's results is refused
+//!       --from-substrait <FILE>
+//!                            Read a Substrait plan (protobuf or JSON) from FILE; its
+//!                            grad/jvp/vjp calls are differentiated, and it is run (printed
+//!                            in --format), or re-emitted with --substrait/--substrait-json
 //! ```
 //!
 //! All `-c` commands run first, in order, then all `-f` files, in order. Execution
@@ -52,6 +64,10 @@
 //!     -c "SELECT x, grad(sin(x), x) AS dsin FROM t"
 //!
 //! $ dfgrad --table points=data/points.csv --format ndjson -f analysis.sql
+//!
+//! $ dfgrad --table t=t.csv --substrait plan.pb --substrait-profile acero \
+//!     -c "SELECT grad(avg((w * x - y) * (w * x - y)), w) AS dw FROM t GROUP BY w"
+//! $ dfgrad --table t=t.csv --from-substrait plan.pb --format csv
 //!
 //! $ dfgrad
 //! dfgrad> SELECT jvp(x * y, x, 1.0)
@@ -134,6 +150,37 @@ struct Args {
     /// generic), instead of running it
     #[arg(long, value_name = "DIALECT", value_parser = parse_dialect)]
     rewrite: Option<SqlDialect>,
+
+    /// Write the differentiated plan of the query (-c/-f, exactly one
+    /// statement) to FILE as a Substrait plan (protobuf), instead of running it
+    #[arg(long, value_name = "FILE")]
+    substrait: Option<PathBuf>,
+
+    /// Print the differentiated plan of the query as Substrait JSON to
+    /// stdout, instead of running it
+    #[arg(long = "substrait-json")]
+    substrait_json: bool,
+
+    /// Substrait profile of --substrait/--substrait-json: datafusion
+    /// (default) or acero
+    #[arg(long = "substrait-profile", value_name = "PROFILE")]
+    substrait_profile: Option<String>,
+
+    /// Read a Substrait plan (protobuf or JSON) from FILE, differentiate its
+    /// grad/jvp/vjp calls and run it (or re-emit it with --substrait or
+    /// --substrait-json)
+    #[arg(long = "from-substrait", value_name = "FILE")]
+    from_substrait: Option<PathBuf>,
+}
+
+impl Args {
+    /// Whether any Substrait flag was given.
+    fn substrait_mode(&self) -> bool {
+        self.substrait.is_some()
+            || self.substrait_json
+            || self.substrait_profile.is_some()
+            || self.from_substrait.is_some()
+    }
 }
 
 fn parse_dialect(s: &str) -> Result<SqlDialect, String> {
@@ -211,25 +258,105 @@ async fn run_async(args: Args) -> Result<()> {
         format: args.format,
         quiet: args.quiet,
     };
+    if args.substrait_mode() {
+        if args.rewrite.is_some() {
+            return Err("--rewrite cannot be combined with the Substrait flags".into());
+        }
+        return run_substrait(&ctx, &args, printer).await;
+    }
     if args.commands.is_empty() && args.files.is_empty() {
         return match args.rewrite {
             Some(_) => Err("--rewrite needs -c or -f".into()),
             None => repl(&ctx, printer).await,
         };
     }
-    let mut sources = args.commands.clone();
-    for file in &args.files {
-        let sql = std::fs::read_to_string(file)
-            .map_err(|e| format!("cannot read '{}': {e}", file.display()))?;
-        sources.push(sql);
-    }
-    for sql in &sources {
+    for sql in &read_sources(&args)? {
         match args.rewrite {
             Some(dialect) => println!("{}", rewrite_sql(&ctx, sql, dialect).await?),
             None => run_statements(&ctx, printer, sql).await?,
         }
     }
     Ok(())
+}
+
+/// The SQL of the `-c` commands, then of the `-f` files, in order.
+fn read_sources(args: &Args) -> Result<Vec<String>> {
+    let mut sources = args.commands.clone();
+    for file in &args.files {
+        let sql = std::fs::read_to_string(file)
+            .map_err(|e| format!("cannot read '{}': {e}", file.display()))?;
+        sources.push(sql);
+    }
+    Ok(sources)
+}
+
+/// `--substrait`, `--substrait-json`, `--from-substrait`: exports the plan
+/// of the one query of `-c`/`-f`, or imports the plan of `--from-substrait`
+/// and runs it (or exports it again).
+#[cfg(feature = "substrait")]
+async fn run_substrait(ctx: &SessionContext, args: &Args, printer: Printer) -> Result<()> {
+    use datafusion_grad::substrait::{
+        from_substrait, logical_to_substrait, plan_from_bytes_or_json, plan_to_bytes, plan_to_json,
+        to_substrait, Profile,
+    };
+
+    let profile: Profile = args
+        .substrait_profile
+        .as_deref()
+        .unwrap_or("datafusion")
+        .parse()?;
+    let export = args.substrait.is_some() || args.substrait_json;
+    let plan = match &args.from_substrait {
+        Some(path) => {
+            if !args.commands.is_empty() || !args.files.is_empty() {
+                return Err(
+                    "--from-substrait runs the plan in its file; it takes no -c or -f".into(),
+                );
+            }
+            let data = std::fs::read(path)
+                .map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+            let start = Instant::now();
+            let plan = plan_from_bytes_or_json(&data)?;
+            let df = from_substrait(ctx, &plan).await?;
+            if !export {
+                let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+                let batches = df.collect().await?;
+                return printer.print(&schema, &batches, start);
+            }
+            logical_to_substrait(&ctx.state(), df.logical_plan(), profile).await?
+        }
+        None => {
+            if !export {
+                return Err("--substrait-profile needs --substrait or --substrait-json".into());
+            }
+            let mut statements = Vec::new();
+            for sql in read_sources(args)? {
+                statements.extend(split_statements(&sql));
+            }
+            if statements.len() != 1 {
+                return Err(format!(
+                    "--substrait and --substrait-json export exactly one query (-c or -f), got {} statements",
+                    statements.len()
+                )
+                .into());
+            }
+            to_substrait(ctx, &statements[0], profile).await?
+        }
+    };
+    if let Some(path) = &args.substrait {
+        std::fs::write(path, plan_to_bytes(&plan))
+            .map_err(|e| format!("cannot write '{}': {e}", path.display()))?;
+    }
+    if args.substrait_json {
+        println!("{}", plan_to_json(&plan)?);
+    }
+    Ok(())
+}
+
+/// Without the `substrait` feature, the Substrait flags are an error.
+#[cfg(not(feature = "substrait"))]
+async fn run_substrait(_ctx: &SessionContext, _args: &Args, _printer: Printer) -> Result<()> {
+    Err("dfgrad was built without the `substrait` feature".into())
 }
 
 /// The file formats `--table` can register.

@@ -236,6 +236,7 @@ fn bindings(g: &Graph, nodes: &Nodes, limits: Limits) -> Bindings {
         let worth = (nodes.uses[&n] > 1 && size >= limits.min_size) || height >= limits.max_height;
         let bindable = !g.args(n).is_empty()
             && !nodes.pinned.contains(&n)
+            && !builds_struct(g.shell(n))
             && (safe || nodes.evaluated.contains(&n));
         if worth && bindable {
             level.insert(n, reads + 1);
@@ -243,6 +244,13 @@ fn bindings(g: &Graph, nodes: &Nodes, limits: Limits) -> Bindings {
     }
     let size = shape.into_iter().map(|(n, (s, ..))| (n, s)).collect();
     Bindings { level, size }
+}
+
+/// Whether `shell` assembles a struct (the partials of `grad(f, x, y)`): its
+/// fields are bound instead, so `grad(f, x, y)['x']` reads one field without
+/// a struct column, which engines without structs could not print.
+fn builds_struct(shell: &Expr) -> bool {
+    matches!(shell, Expr::ScalarFunction(f) if f.func.name() == "named_struct")
 }
 
 /// The bound nodes with their layers, and each node's tree size given them.

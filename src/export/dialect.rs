@@ -8,14 +8,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use datafusion::error::Result;
-use datafusion::logical_expr::Expr;
-use datafusion::sql::sqlparser::ast::{
-    self, FunctionArg, FunctionArgExpr, FunctionArgumentList, FunctionArguments, Ident, ObjectName,
-};
+use datafusion::sql::sqlparser::ast;
 use datafusion::sql::sqlparser::keywords::ALL_KEYWORDS;
 use datafusion::sql::unparser::dialect::Dialect;
-use datafusion::sql::unparser::Unparser;
 
 use crate::error::{ErrorKind, GradError};
 
@@ -65,10 +60,10 @@ impl SqlDialect {
 
     /// The name the engine knows the DataFusion function `name` by, where
     /// it differs.
-    fn rename(self, name: &str) -> Option<&'static str> {
+    pub(crate) fn rename(self, name: &str) -> Option<&'static str> {
         let renames: &[(&str, &str)] = match self {
             SqlDialect::DataFusion => &[],
-            _ => &[("signum", "sign")],
+            _ => &[("signum", "sign"), ("var", "var_samp")],
         };
         renames
             .iter()
@@ -155,38 +150,5 @@ impl Dialect for Target {
             SqlDialect::Postgres | SqlDialect::Generic => ast::DataType::SmallInt(None),
             _ => ast::DataType::TinyInt(None),
         }
-    }
-
-    fn scalar_function_to_sql_overrides(
-        &self,
-        unparser: &Unparser,
-        func_name: &str,
-        args: &[Expr],
-    ) -> Result<Option<ast::Expr>> {
-        let Some(name) = self.0.rename(func_name) else {
-            return Ok(None);
-        };
-        let args = args
-            .iter()
-            .map(|a| {
-                Ok(FunctionArg::Unnamed(FunctionArgExpr::Expr(
-                    unparser.expr_to_sql(a)?,
-                )))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some(ast::Expr::Function(ast::Function {
-            name: ObjectName::from(vec![Ident::new(name)]),
-            uses_odbc_syntax: false,
-            parameters: FunctionArguments::None,
-            args: FunctionArguments::List(FunctionArgumentList {
-                duplicate_treatment: None,
-                args,
-                clauses: vec![],
-            }),
-            filter: None,
-            null_treatment: None,
-            over: None,
-            within_group: vec![],
-        })))
     }
 }

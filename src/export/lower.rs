@@ -9,11 +9,11 @@
 //! DuckDB round, DataFusion truncates).
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, ScalarValue};
 use datafusion::error::Result;
 use datafusion::functions::math::expr_fn::{abs, floor, isnan, ln, power, signum, tan, trunc};
-use datafusion::logical_expr::expr::{Cast, ScalarFunction};
+use datafusion::logical_expr::expr::{Cast, ScalarFunction, TryCast};
 use datafusion::logical_expr::{cast, lit, when, BinaryExpr, Expr, ExprSchemable, Operator};
 
 use super::SqlDialect;
@@ -55,15 +55,48 @@ fn lowerings(dialect: SqlDialect) -> &'static [(&'static str, Lowering)] {
 
 /// `expr`, over `schema`, with every construct `dialect` lacks rewritten.
 pub(crate) fn lower(expr: Expr, schema: &DFSchema, dialect: SqlDialect) -> Result<Expr> {
-    expr.transform_up(|e| lower_one(e, schema, dialect))
-        .map(|t| t.data)
+    let lowered = expr.transform_up(|e| lower_one(e, schema, dialect))?.data;
+    if !matches!(dialect, SqlDialect::DataFusion | SqlDialect::DuckDb) {
+        lowered.apply(|e| match e {
+            Expr::ScalarFunction(f) if f.func.name() == "named_struct" => Err(GradError::new(
+                ErrorKind::Unexportable,
+                format!(
+                    "a struct value (e.g. `grad(f, x, y)` with several variables) for {dialect}, \
+                     which has no struct literals: select its fields, `grad(f, x, y)['x']`"
+                ),
+            )
+            .into()),
+            _ => Ok(TreeNodeRecursion::Continue),
+        })?;
+    }
+    Ok(lowered)
 }
 
 fn lower_one(e: Expr, schema: &DFSchema, dialect: SqlDialect) -> Result<Transformed<Expr>> {
     match e {
+        Expr::ScalarFunction(ScalarFunction { func, args }) if func.name() == "get_field" => {
+            match struct_field(&args) {
+                Some(field) => Ok(Transformed::yes(field)),
+                None => Ok(Transformed::no(Expr::ScalarFunction(ScalarFunction {
+                    func,
+                    args,
+                }))),
+            }
+        }
         Expr::ScalarFunction(ScalarFunction { func, args }) => {
             match lowerings(dialect).iter().find(|(n, _)| *n == func.name()) {
-                Some((_, lowering)) => Ok(Transformed::yes(lowering(args)?)),
+                Some((_, lowering)) => {
+                    // A lowering may call a function the dialect lacks too
+                    // (`nanvl` → `isnan`).
+                    let name = func.name().to_string();
+                    let lowered = lowering(args)?.transform_up(|e| match &e {
+                        Expr::ScalarFunction(f) if f.func.name() != name => {
+                            lower_one(e, schema, dialect)
+                        }
+                        _ => Ok(Transformed::no(e)),
+                    })?;
+                    Ok(Transformed::yes(lowered.data))
+                }
                 None => Ok(Transformed::no(Expr::ScalarFunction(ScalarFunction {
                     func,
                     args,
@@ -115,8 +148,91 @@ fn lower_one(e: Expr, schema: &DFSchema, dialect: SqlDialect) -> Result<Transfor
                 field.data_type().clone(),
             )))
         }
+        Expr::TryCast(TryCast { expr, field }) if dialect != SqlDialect::DataFusion => {
+            try_cast(*expr, field.data_type(), schema, dialect).map(Transformed::yes)
+        }
+        Expr::AggregateFunction(agg)
+            if dialect == SqlDialect::Sqlite && SQLITE_LACKS.contains(&agg.func.name()) =>
+        {
+            Err(GradError::new(
+                ErrorKind::Unexportable,
+                format!(
+                    "the aggregate `{}` for sqlite, which has no statistical aggregates",
+                    agg.func.name()
+                ),
+            )
+            .into())
+        }
         e => Ok(Transformed::no(e)),
     }
+}
+
+/// DataFusion's statistical aggregates, none of which SQLite has.
+const SQLITE_LACKS: [&str; 9] = [
+    "var",
+    "var_samp",
+    "var_pop",
+    "stddev",
+    "stddev_samp",
+    "stddev_pop",
+    "covar_samp",
+    "covar_pop",
+    "corr",
+];
+
+/// `TRY_CAST(expr AS to)` in engines without it (PostgreSQL, SQLite): a
+/// float or integer to an integer type is the truncated value when it is in
+/// the type's range, NULL otherwise (as in DataFusion); any number to a float
+/// type is a plain cast. DuckDB keeps `TRY_CAST`, but its casts from floats
+/// to integers round, so the value is truncated first.
+fn try_cast(expr: Expr, to: &DataType, schema: &DFSchema, dialect: SqlDialect) -> Result<Expr> {
+    let from = expr.get_type(schema)?;
+    if to.is_floating() && from.is_numeric() {
+        return Ok(cast(expr, to.clone()));
+    }
+    if to.is_integer() && (from.is_floating() || from.is_integer()) {
+        let value = match from.is_floating() {
+            true => trunc(vec![expr]),
+            false => cast(expr, DataType::Float64),
+        };
+        let bits = to.primitive_width().unwrap_or(8) as i32 * 8;
+        let (low, high) = match to.is_signed_integer() {
+            true => (-(2f64.powi(bits - 1)), 2f64.powi(bits - 1)),
+            false => (0.0, 2f64.powi(bits)),
+        };
+        return when(
+            value
+                .clone()
+                .gt_eq(lit(low))
+                .and(value.clone().lt(lit(high))),
+            cast(value, to.clone()),
+        )
+        .end();
+    }
+    match dialect {
+        SqlDialect::DuckDb => Ok(Expr::TryCast(TryCast::new(Box::new(expr), to.clone()))),
+        _ => Err(GradError::new(
+            ErrorKind::Unexportable,
+            format!("TRY_CAST from {from} to {to} for {dialect}, which has no TRY_CAST"),
+        )
+        .into()),
+    }
+}
+
+/// The field that `get_field(args…)` reads from a `named_struct(…)` built in
+/// place, if it is one.
+fn struct_field(args: &[Expr]) -> Option<Expr> {
+    let [Expr::ScalarFunction(inner), Expr::Literal(ScalarValue::Utf8(Some(name)), _)] = args
+    else {
+        return None;
+    };
+    if inner.func.name() != "named_struct" {
+        return None;
+    }
+    inner.args.chunks(2).find_map(|pair| match pair {
+        [Expr::Literal(ScalarValue::Utf8(Some(n)), _), value] if n == name => Some(value.clone()),
+        _ => None,
+    })
 }
 
 fn is_float(e: &Expr, schema: &DFSchema) -> bool {

@@ -28,6 +28,7 @@ use super::dialect::Target;
 use super::lower::lower;
 use super::tidy::tidy;
 use super::SqlDialect;
+use crate::bindings::printable;
 use crate::error::{ErrorKind, GradError};
 
 /// Prints plans as statements of one dialect.
@@ -107,10 +108,12 @@ impl Printer {
         })
     }
 
-    /// `plan` printed by DataFusion's unparser, then tidied.
+    /// `plan` printed by DataFusion's unparser (its binding projections made
+    /// printable first), then tidied.
     fn unparse(&self, plan: &LogicalPlan) -> Result<String> {
+        let plan = printable(plan.clone())?;
         let mut statement = Unparser::new(&self.target)
-            .plan_to_sql(plan)
+            .plan_to_sql(&plan)
             .map_err(|e| cannot_print(&e))?;
         tidy(&mut statement, self.dialect());
         Ok(statement.to_string())

@@ -2,6 +2,8 @@
 //!
 //! - `-(-x)` is printed `--x`, which SQL reads as a comment: nested
 //!   negations (and negated negative numbers) are parenthesized.
+//! - functions the engine names differently are renamed
+//!   ([`SqlDialect::rename`]: `signum` → `sign`, `var` → `var_samp`).
 //! - floats are printed in full positional notation (`1e-300` as 300
 //!   digits): they are written as the shortest text that reads back as the
 //!   same double, with an exponent where that is shorter. DuckDB reads a
@@ -11,7 +13,8 @@
 use std::ops::ControlFlow;
 
 use datafusion::sql::sqlparser::ast::{
-    visit_expressions_mut, Expr, UnaryOperator, Value, ValueWithSpan, VisitMut,
+    visit_expressions_mut, Expr, Ident, ObjectNamePart, UnaryOperator, Value, ValueWithSpan,
+    VisitMut,
 };
 
 use super::SqlDialect;
@@ -33,6 +36,18 @@ pub(crate) fn tidy<N: VisitMut>(node: &mut N, dialect: SqlDialect) {
             }) => {
                 if let Some(float) = float_text(text, dialect) {
                     *text = float;
+                }
+            }
+            Expr::Function(f) => {
+                if let [ObjectNamePart::Identifier(name)] = f.name.0.as_mut_slice() {
+                    if let Some(new) = name
+                        .quote_style
+                        .is_none()
+                        .then(|| dialect.rename(&name.value))
+                        .flatten()
+                    {
+                        *name = Ident::new(new);
+                    }
                 }
             }
             _ => {}

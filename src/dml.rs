@@ -1,0 +1,58 @@
+//! `UPDATE` and `DELETE` whose expressions read computed columns.
+//!
+//! DataFusion 55 executes `UPDATE` and `DELETE` by reading the assignments
+//! and `WHERE` predicates from the plan as expressions over the table's own
+//! columns. A column computed by a projection below them — the analyzer's
+//! bound derivative parts (`__dfgrad…`), or the optimizer's common
+//! subexpressions (`__common_expr_…`) — is then unknown, so even
+//! `UPDATE t SET y = x * y + x * y` fails in DataFusion 55 ("No field named
+//! __common_expr_1"). Here such columns are written out where they are used:
+//! by the analyzer rule for its own bindings, and by [`InlineUpdates`], an
+//! optimizer rule installed by [`crate::register`] that runs after
+//! DataFusion's common-subexpression elimination.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::Transformed;
+use datafusion::error::Result;
+use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
+use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
+
+use crate::bindings::inline_all;
+
+/// `plan` with the computed columns its `UPDATE`s and `DELETE`s read
+/// written out.
+pub(crate) fn inline_updates(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+    plan.transform_up_with_subqueries(|node| match node {
+        LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Update | WriteOp::Delete) => {
+            let input = inline_all(dml.input.as_ref().clone())?;
+            if input == *dml.input {
+                return Ok(Transformed::no(LogicalPlan::Dml(dml)));
+            }
+            Ok(Transformed::yes(LogicalPlan::Dml(DmlStatement {
+                input: Arc::new(input),
+                ..dml
+            })))
+        }
+        _ => Ok(Transformed::no(node)),
+    })
+}
+
+/// The optimizer rule that writes out the common subexpressions DataFusion's
+/// own optimizer extracted from `UPDATE` assignments and `DELETE` predicates.
+#[derive(Debug, Default)]
+pub struct InlineUpdates;
+
+impl OptimizerRule for InlineUpdates {
+    fn name(&self) -> &str {
+        "datafusion_grad_inline_updates"
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        _config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        inline_updates(plan)
+    }
+}
