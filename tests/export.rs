@@ -139,9 +139,11 @@ async fn hostile_names_stay_identifiers() {
 #[tokio::test]
 async fn refusals_are_typed() {
     // PostgreSQL and SQLite forbid aggregates in a recursive term
-    let training = "WITH RECURSIVE p(step, w, b) AS (SELECT 0 AS step, 0.0 AS w, 0.0 AS b \
-        UNION ALL SELECT p.step + 1, p.w - 0.1 * grad(avg(power(p.w * d.x + p.b - d.y, 2)), p.w), \
-        p.b FROM p CROSS JOIN d WHERE p.step < 5 GROUP BY p.step, p.w, p.b) SELECT * FROM p";
+    let training = "WITH RECURSIVE p(step, w, b) AS ( \
+        SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.0 AS DOUBLE) AS b UNION ALL \
+        SELECT step + 1, w - 0.1 * grad(avg(power(w * x + b - y, 2)), w), \
+        b - 0.1 * grad(avg(power(w * x + b - y, 2)), b) \
+        FROM p CROSS JOIN t WHERE step < 5 GROUP BY step, w, b) SELECT step, w, b FROM p";
     for dialect in [SqlDialect::Postgres, SqlDialect::Sqlite] {
         assert_refused(
             rewrite(training, dialect).await,
@@ -175,7 +177,7 @@ async fn refusals_are_typed() {
     // SQLite has no NaN
     assert_refused(
         rewrite(
-            "SELECT grad(nanvl(x, 1.0) * x, x) FROM t",
+            "SELECT grad(x * CAST('NaN' AS DOUBLE), x) FROM t",
             SqlDialect::Sqlite,
         )
         .await,
@@ -194,17 +196,6 @@ async fn refusals_are_typed() {
             "this kind of statement",
         );
     }
-
-    // UPDATE prints only over a single table
-    assert_refused(
-        rewrite(
-            "UPDATE t SET y = grad(t.x * d.w, t.x) FROM d WHERE t.x = d.x",
-            SqlDialect::Postgres,
-        )
-        .await,
-        ErrorKind::Unexportable,
-        "UPDATE or DELETE",
-    );
 
     // an unknown dialect
     let err = "oracle".parse::<SqlDialect>().unwrap_err();
@@ -230,7 +221,7 @@ fn differentiate_sql_refusals_are_typed() {
         "random",
     );
     assert_refused(
-        differentiate_sql("nanvl(x, 0.0)", "x", SqlDialect::Sqlite),
+        differentiate_sql("x * CAST('NaN' AS DOUBLE)", "x", SqlDialect::Sqlite),
         ErrorKind::Unexportable,
         "NaN",
     );

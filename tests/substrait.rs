@@ -504,3 +504,58 @@ fn cli_refusals() {
     }
     assert!(!plan.exists());
 }
+
+/// A table that claims to apply every filter itself (as a database-backed
+/// provider would).
+#[derive(Debug)]
+struct ExactFilters(std::sync::Arc<datafusion::datasource::MemTable>);
+
+#[async_trait::async_trait]
+impl datafusion::catalog::TableProvider for ExactFilters {
+    fn schema(&self) -> datafusion::arrow::datatypes::SchemaRef {
+        self.0.schema()
+    }
+
+    fn table_type(&self) -> datafusion::logical_expr::TableType {
+        datafusion::logical_expr::TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn datafusion::catalog::Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[datafusion::prelude::Expr],
+        limit: Option<usize>,
+    ) -> Result<std::sync::Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+        self.0.scan(state, projection, filters, limit).await
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&datafusion::prelude::Expr],
+    ) -> Result<Vec<datafusion::logical_expr::TableProviderFilterPushDown>> {
+        Ok(vec![
+            datafusion::logical_expr::TableProviderFilterPushDown::Exact;
+            filters.len()
+        ])
+    }
+}
+
+#[tokio::test]
+async fn acero_profile_refuses_filters_only_the_table_applies() -> Result<()> {
+    let ctx = context().await;
+    let t = ctx.table_provider("t").await?;
+    let batches = ctx.table("t").await?.collect().await?;
+    let mem = datafusion::datasource::MemTable::try_new(t.schema(), vec![batches])?;
+    ctx.register_table(
+        "e",
+        std::sync::Arc::new(ExactFilters(std::sync::Arc::new(mem))),
+    )?;
+    let sql = "SELECT grad(x * x, x) AS d FROM e WHERE y > 0";
+    let plan = to_substrait(&ctx, sql, Profile::DataFusion).await?;
+    assert!(plan_to_json(&plan)?.contains("\"filter\""));
+    let err = to_substrait(&ctx, sql, Profile::Acero).await.unwrap_err();
+    assert_eq!(kind(&err), ErrorKind::Unexportable, "{err}");
+    assert!(err.to_string().contains("ReadRel"), "{err}");
+    Ok(())
+}

@@ -190,9 +190,9 @@ pub async fn logical_to_substrait(
     plan: &LogicalPlan,
     profile: Profile,
 ) -> Result<Box<Plan>> {
-    refuse_unexportable_nodes(plan)?;
+    refuse_unexportable_nodes(plan, "exported as")?;
     let optimized = state.optimize(plan)?;
-    refuse_unexportable_nodes(&optimized)?;
+    refuse_unexportable_nodes(&optimized, "exported as")?;
     refuse_surviving_markers(&optimized)?;
     let produced = match profile {
         Profile::DataFusion => to_substrait_plan(&optimized, state),
@@ -233,7 +233,7 @@ pub async fn from_substrait(ctx: &SessionContext, plan: &Plan) -> Result<DataFra
     let logical = from_substrait_plan(&state, plan)
         .await
         .map_err(|e| wrap(e, "cannot import the Substrait plan"))?;
-    refuse_unexportable_nodes(&logical)?;
+    refuse_unexportable_nodes(&logical, "run from")?;
     let analyzed =
         state
             .analyzer()
@@ -307,8 +307,9 @@ pub fn plan_from_bytes_or_json(data: &[u8]) -> Result<Plan> {
 }
 
 /// Refuses plan nodes that Substrait (or DataFusion's producer) cannot carry,
-/// anywhere in `plan`, subqueries included.
-fn refuse_unexportable_nodes(plan: &LogicalPlan) -> Result<()> {
+/// anywhere in `plan`, subqueries included; `verb` says what was tried
+/// ("exported as", "run from").
+fn refuse_unexportable_nodes(plan: &LogicalPlan, verb: &str) -> Result<()> {
     let mut found = None;
     plan.apply_with_subqueries(|node| {
         found = unexportable_node(node);
@@ -319,7 +320,7 @@ fn refuse_unexportable_nodes(plan: &LogicalPlan) -> Result<()> {
     })?;
     match found {
         Some(what) => Err(unexportable(format!(
-            "{what} cannot be exported as a Substrait plan"
+            "{what} cannot be {verb} a Substrait plan"
         ))),
         None => Ok(()),
     }

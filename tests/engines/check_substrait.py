@@ -74,6 +74,8 @@ CORPUS = [
     "SELECT x, grad(tanh(x * y), x) AS d FROM t WHERE y > 0",
     "SELECT x, grad(x * x * x, x) AS d FROM t WHERE x IS NOT NULL ORDER BY x DESC LIMIT 4",
     "SELECT x, grad(exp(x) / (1.0 + exp(x)), x) AS d FROM t WHERE x IS NOT NULL ORDER BY x LIMIT 3 OFFSET 2",
+    "SELECT x, grad(sin(x), x) AS d FROM t ORDER BY x NULLS FIRST LIMIT 3",
+    "SELECT x, grad(x * y, x) AS d FROM t ORDER BY y OFFSET 9",
     # aggregates through the chain rule, GROUP BY the variable
     "SELECT w, grad(avg((w * x - y) * (w * x - y)), w) AS dw FROM pts GROUP BY w",
     "SELECT w, grad(sqrt(avg((w * x - y) * (w * x - y))), w) AS d FROM pts GROUP BY w",
