@@ -28,7 +28,6 @@ use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection};
-
 use datafusion::optimizer::AnalyzerRule;
 
 use crate::aggregates::through_aggregates;
