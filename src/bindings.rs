@@ -45,6 +45,17 @@ pub(crate) fn inline_all(plan: LogicalPlan) -> Result<LogicalPlan> {
     unbind(plan, false)
 }
 
+/// `plan` with the common subexpressions DataFusion's optimizer extracted
+/// (`__common_expr_N` columns of a projection) written out where they are
+/// used, and the projection removed: a plan optimized *before*
+/// differentiation (as stock datafusion-python hands one to a query planner)
+/// then shows the analyzer the base columns a derivative through those
+/// subexpressions needs. Sharing is restored by the optimizer that runs after
+/// the analyzer.
+pub fn inline_common_subexpressions(plan: LogicalPlan) -> Result<LogicalPlan> {
+    inline_all(plan)
+}
+
 /// `plan` with its binding projections turned into derived tables where
 /// `derived_tables` allows and a single qualifier fits, written out
 /// otherwise.

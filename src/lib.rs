@@ -48,6 +48,7 @@ use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
 
+pub use bindings::inline_common_subexpressions;
 pub use error::{ErrorKind, GradError};
 pub use rules::{Call, DerivativeRule, Partial, Rules};
 

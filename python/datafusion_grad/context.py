@@ -1,0 +1,134 @@
+"""The :class:`SessionContext`: a DataFusion session with grad/jvp/vjp."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from . import _internal
+from .dataframe import DataFrame
+
+if TYPE_CHECKING:
+    import pandas
+    import polars
+
+_anonymous = itertools.count()
+
+
+def _arrow_stream(data: Any) -> Any:
+    """An Arrow C stream capsule for ``data``: any object exposing
+    ``__arrow_c_stream__`` (pyarrow, polars, DataFrame, ...), a pyarrow
+    RecordBatch, or a pandas DataFrame."""
+    if hasattr(data, "__arrow_c_stream__"):
+        return data.__arrow_c_stream__()
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data]).__arrow_c_stream__()
+    if type(data).__module__.startswith("pandas"):
+        return pa.Table.from_pandas(data, preserve_index=False).__arrow_c_stream__()
+    msg = (
+        "expected an Arrow stream (an object with __arrow_c_stream__, e.g. a "
+        f"pyarrow Table or a polars DataFrame) or a pandas DataFrame, got {type(data).__name__}"
+    )
+    raise TypeError(msg)
+
+
+class SessionContext:
+    """A DataFusion session with ``grad``, ``jvp``, ``vjp`` and
+    ``differentiate_sql`` installed, modelled on ``datafusion.SessionContext``.
+
+    >>> import datafusion_grad as dg
+    >>> ctx = dg.SessionContext()
+    >>> ctx.from_pydict({"x": [1.0, 2.0], "y": [3.0, 4.0]}, name="t")
+    DataFrame(columns=['x', 'y'])
+    >>> ctx.sql("SELECT grad(x * x * y, x) AS d FROM t").to_pydict()
+    {'d': [6.0, 16.0]}
+    """
+
+    def __init__(self) -> None:
+        self._raw = _internal.SessionContext()
+
+    def sql(self, query: str) -> DataFrame:
+        """Plans ``query``. DDL (CREATE TABLE/VIEW, DROP) runs at once; a
+        query or DML statement runs when its results are asked for."""
+        return DataFrame(self._raw.sql(query))
+
+    def table(self, name: str) -> DataFrame:
+        """The registered table ``name``."""
+        return DataFrame(self._raw.table(name))
+
+    def table_exist(self, name: str) -> bool:
+        """Whether a table ``name`` is registered."""
+        return self._raw.table_exist(name)
+
+    def deregister_table(self, name: str) -> None:
+        """Removes the table ``name``."""
+        self._raw.deregister_table(name)
+
+    def register_csv(
+        self, name: str, path: str, has_header: bool = True, delimiter: str = ","
+    ) -> None:
+        """Registers the CSV file (or directory of files) at ``path``."""
+        self._raw.register_csv(name, str(path), has_header, delimiter)
+
+    def register_parquet(self, name: str, path: str) -> None:
+        """Registers the Parquet file (or directory of files) at ``path``."""
+        self._raw.register_parquet(name, str(path))
+
+    def register_json(self, name: str, path: str) -> None:
+        """Registers the newline-delimited JSON file(s) at ``path``."""
+        self._raw.register_json(name, str(path))
+
+    def register_arrow(self, name: str, data: Any) -> None:
+        """Registers ``data`` as the in-memory table ``name``: any object
+        exposing ``__arrow_c_stream__`` (pyarrow Table/RecordBatchReader,
+        polars DataFrame, another query's DataFrame, ...), a pyarrow
+        RecordBatch, or a pandas DataFrame."""
+        self._raw.register_arrow_stream(name, _arrow_stream(data))
+
+    def register_record_batches(
+        self, name: str, partitions: list[list[pa.RecordBatch]]
+    ) -> None:
+        """Registers record batches (a list of partitions, each a list of
+        batches, as datafusion-python takes them) as the table ``name``."""
+        batches = [batch for partition in partitions for batch in partition]
+        if not batches:
+            msg = "register_record_batches needs at least one record batch (for the schema)"
+            raise ValueError(msg)
+        self.register_arrow(name, pa.Table.from_batches(batches))
+
+    def from_arrow(self, data: Any, name: str | None = None) -> DataFrame:
+        """A DataFrame over ``data`` (see :meth:`register_arrow`); registered
+        as ``name`` when given."""
+        if name is None:
+            return DataFrame(self._raw.read_arrow_stream(_arrow_stream(data)))
+        self.register_arrow(name, data)
+        return self.table(name)
+
+    def from_pandas(self, data: pandas.DataFrame, name: str | None = None) -> DataFrame:
+        """A DataFrame over a pandas DataFrame (its index is dropped)."""
+        return self.from_arrow(pa.Table.from_pandas(data, preserve_index=False), name)
+
+    def from_polars(self, data: polars.DataFrame, name: str | None = None) -> DataFrame:
+        """A DataFrame over a polars DataFrame."""
+        return self.from_arrow(data, name)
+
+    def from_pydict(self, data: dict[str, list[Any]], name: str | None = None) -> DataFrame:
+        """A DataFrame over ``{column: [values]}``."""
+        return self.from_arrow(pa.table(data), name)
+
+    def rewrite_sql(self, sql: str, dialect: str = "datafusion") -> str:
+        """``sql`` with every grad/jvp/vjp replaced by its derivative, as SQL
+        text of ``dialect`` (datafusion, duckdb, postgres, sqlite, generic),
+        over this session's tables. See :func:`datafusion_grad.rewrite_sql`."""
+        return self._raw.rewrite_sql(sql, dialect)
+
+    def to_substrait(self, sql: str, profile: str = "datafusion") -> bytes:
+        """The Substrait plan (protobuf bytes) of the query ``sql``, with its
+        derivatives already computed; ``profile="acero"`` targets
+        ``pyarrow.substrait``."""
+        return self._raw.to_substrait(sql, profile)
+
+    def __repr__(self) -> str:
+        return "SessionContext()"

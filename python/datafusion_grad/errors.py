@@ -1,0 +1,114 @@
+"""Exceptions raised by datafusion_grad.
+
+Every error is a :class:`DataFusionGradError`. Differentiation errors are
+:class:`GradError` subclasses, one per stable kind of the Rust
+``datafusion_grad::ErrorKind`` (the ``kind`` attribute holds its name); any
+other planning or execution error is a :class:`QueryError`. All of them keep
+the engine's message intact and pickle.
+
+>>> import datafusion_grad as dg
+>>> try:
+...     dg.differentiate_sql("upper(x)", "x")
+... except dg.errors.NonDifferentiableError as e:
+...     print(e.kind)
+non_differentiable
+"""
+
+from __future__ import annotations
+
+
+class DataFusionGradError(Exception):
+    """Base class of every exception raised by datafusion_grad."""
+
+
+class QueryError(DataFusionGradError):
+    """A planning or execution error that is not about differentiation
+    (SQL syntax, unknown table, type mismatch, I/O, ...)."""
+
+
+class GradError(DataFusionGradError):
+    """A differentiation error; ``kind`` names the Rust ErrorKind."""
+
+    kind: str = "grad"
+
+
+class NonDifferentiableError(GradError):
+    """A function has no derivative rule (``random()``, string functions,
+    an unknown UDF without a registered rule, a volatile function)."""
+
+    kind = "non_differentiable"
+
+
+class InvalidWrtError(GradError):
+    """The variable to differentiate by is not a column of the input."""
+
+    kind = "invalid_wrt"
+
+
+class WrongArityError(GradError):
+    """grad/jvp/vjp called with the wrong number of arguments."""
+
+    kind = "wrong_arity"
+
+
+class NeedsPlanContextError(GradError):
+    """The derivative needs plan context the rewrite does not have (e.g. the
+    variable varies within an aggregate's group)."""
+
+    kind = "needs_plan_context"
+
+
+class MarkerReachedExecutionError(GradError):
+    """A grad/jvp/vjp call reached execution without being rewritten (e.g. a
+    stock datafusion session without :func:`datafusion_grad.install`)."""
+
+    kind = "marker_reached_execution"
+
+
+class UnsupportedTypeError(GradError):
+    """An argument has a type that cannot be differentiated."""
+
+    kind = "unsupported_type"
+
+
+class DerivativeTooLargeError(GradError):
+    """The derivative would exceed the engine's size limits."""
+
+    kind = "derivative_too_large"
+
+
+class UnexportableError(GradError):
+    """The query cannot be written in the requested SQL dialect or Substrait
+    profile."""
+
+    kind = "unexportable"
+
+
+_BY_KIND: dict[str, type[GradError]] = {
+    cls.kind: cls
+    for cls in (
+        NonDifferentiableError,
+        InvalidWrtError,
+        WrongArityError,
+        NeedsPlanContextError,
+        MarkerReachedExecutionError,
+        UnsupportedTypeError,
+        DerivativeTooLargeError,
+        UnexportableError,
+    )
+}
+
+
+def _from_kind(kind: str | None, message: str) -> DataFusionGradError:
+    """The exception for an engine error of ``kind`` (None: not a GradError)."""
+    if kind is None:
+        return QueryError(message)
+    return _BY_KIND.get(kind, GradError)(message)
+
+
+__all__ = [
+    "DataFusionGradError",
+    "QueryError",
+    "GradError",
+    *sorted(cls.__name__ for cls in _BY_KIND.values()),
+]

@@ -1,0 +1,83 @@
+"""``grad`` in the stock ``datafusion`` package (datafusion-python 55).
+
+Stock datafusion-python cannot take an analyzer rule, and its FFI scalar
+functions do not forward ``simplify``, so a ``grad`` registered there alone
+never differentiates (it fails with ``marker_reached_execution``, never
+returns a number). :func:`install` adds what makes it work:
+
+- ``grad``, ``jvp``, ``vjp`` as FFI scalar functions, so the SQL planner
+  accepts them;
+- a query planner that differentiates the plans the session hands it and
+  plans them with DataFusion's physical planner in a session of datafusion-
+  grad over the caller's catalogs, configuration and functions. The plans
+  cross the FFI boundary by reference, not by protobuf, so every shape works:
+  recursive CTEs (training loops), in-memory tables, DML, views, subqueries.
+  It replaces the session's query planner (a session holds one);
+- the table function ``grad_query('<SQL>')``, which runs a whole query inside
+  datafusion-grad over the session's tables, for sessions that keep a query
+  planner of their own (install with ``planner=False``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _internal
+
+MARKERS = ("grad", "jvp", "vjp")
+
+
+class GradExtension:
+    """The extension bundle for ``datafusion.SessionContext.with_extensions``:
+    the by-reference codecs (plans cross the FFI boundary as references to
+    live objects, so in-memory tables and recursive plans cross too) and the
+    differentiating query planner, which replaces the session's planner.
+    :func:`install` uses it; use it directly to combine with other bundles
+    (list it last: it does not delegate to the planners before it)."""
+
+    def __datafusion_session_components__(self, ctx: Any) -> Any:
+        from datafusion import SessionExtensionComponents
+
+        codec = _internal.ByReferenceCodec(ctx)
+        return SessionExtensionComponents(
+            logical_extension_codecs=(codec,), physical_extension_codecs=(codec,)
+        )
+
+    def __datafusion_session_planner__(self, ctx: Any, fallback: Any) -> Any:
+        return _internal.GradPlanner()
+
+
+def install(ctx: Any, planner: bool = True) -> Any:
+    """Installs grad/jvp/vjp and ``grad_query`` into the session of a stock
+    ``datafusion.SessionContext``, and (unless ``planner=False``) the
+    differentiating query planner with its codecs (:class:`GradExtension`).
+    Returns the context to use: codecs belong to a context handle, so use
+    the returned one (``ctx = datafusion_grad.install(ctx)``).
+
+    Without the planner, grad works only inside ``grad_query('<SQL>')``; a
+    grad elsewhere fails with ``marker_reached_execution``.
+
+    >>> import datafusion, datafusion_grad
+    >>> ctx = datafusion_grad.install(datafusion.SessionContext())
+    >>> ctx.from_pydict({"x": [1.0, 2.0]}, name="t")  # doctest: +ELLIPSIS
+    DataFrame()...
+    >>> ctx.sql("SELECT grad(x * x, x) AS d FROM t").to_pydict()
+    {'d': [2.0, 4.0]}
+    >>> sql = "WITH RECURSIVE it(n, x) AS (SELECT 0, 1.0 UNION ALL "
+    >>> sql += "SELECT n + 1, x - (x * x - 2) / grad(x * x - 2, x) FROM it WHERE n < 6) "
+    >>> sql += "SELECT x FROM it WHERE n = 6"
+    >>> ctx.sql(f"SELECT * FROM grad_query('{sql}')").to_pydict()
+    {'x': [1.414213562373095]}
+    """
+    import datafusion
+
+    if not isinstance(ctx, datafusion.SessionContext):
+        msg = (
+            "install() takes a stock datafusion.SessionContext; "
+            f"datafusion_grad.SessionContext has everything already (got {type(ctx).__name__})"
+        )
+        raise TypeError(msg)
+    for name in MARKERS:
+        ctx.register_udf(datafusion.udf(_internal.MarkerFunction(name)))
+    ctx.register_udtf(datafusion.udtf(_internal.GradQueryFunction(), "grad_query"))
+    return ctx.with_extensions(GradExtension()) if planner else ctx

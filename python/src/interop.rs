@@ -1,0 +1,468 @@
+//! `grad` in stock datafusion-python 55, through the FFI capsules it accepts.
+//!
+//! Stock datafusion-python has no hook for an analyzer rule, and the FFI
+//! scalar UDF does not forward `simplify`, so a `grad` registered there alone
+//! never rewrites (it fails at execution with `marker_reached_execution`,
+//! never computes a number). Two capsules make it differentiate:
+//!
+//! - [`PyGradPlanner`] (`__datafusion_query_planner__`): a query planner that
+//!   receives the session's optimized plan, differentiates and plans it in a
+//!   session of ours over the caller's catalogs, and hands the physical plan
+//!   back by reference ([`crate::handoff`]), so every shape works — recursive
+//!   queries and in-memory tables included.
+//! - [`PyGradQuery`] (`__datafusion_table_function__`): the table function
+//!   `grad_query('<SQL>')` runs a whole query in our engine over the caller's
+//!   catalogs; only its execution plan crosses.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{plan_err, ScalarValue};
+use datafusion::error::Result;
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::session_state::SessionState;
+use datafusion::execution::{FunctionRegistry, SessionStateBuilder};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{Expr, LogicalPlan, TableType, WindowFunctionDefinition};
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::SessionContext;
+use datafusion_ffi::execution::FFI_TaskContextProvider;
+use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
+use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
+use datafusion_ffi::query_planner::FFI_QueryPlanner;
+use datafusion_ffi::udf::FFI_ScalarUDF;
+use datafusion_ffi::udtf::FFI_TableFunction;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::PyCapsule;
+
+use crate::dataframe::capsule_name;
+use crate::handoff::{ByReference, Handoff};
+use crate::runtime::{block_on_detached, runtime};
+
+/// The SQL functions that differentiate.
+const MARKERS: [&str; 3] = ["grad", "jvp", "vjp"];
+
+/// One of `grad`, `jvp`, `vjp` as a `datafusion_scalar_udf` capsule, so the
+/// stock SQL planner accepts calls to it.
+#[pyclass(name = "MarkerFunction", module = "datafusion_grad._internal", frozen)]
+pub struct PyMarkerFunction {
+    name: String,
+}
+
+#[pymethods]
+impl PyMarkerFunction {
+    /// The marker `name` (`grad`, `jvp` or `vjp`).
+    #[new]
+    fn new(name: &str) -> PyResult<Self> {
+        if !MARKERS.contains(&name) {
+            return Err(PyTypeError::new_err(format!(
+                "no differentiation function {name:?}; expected one of grad, jvp, vjp"
+            )));
+        }
+        Ok(Self {
+            name: name.to_string(),
+        })
+    }
+
+    /// The capsule stock datafusion-python imports (`udf(obj)`).
+    #[pyo3(signature = (*_args))]
+    fn __datafusion_scalar_udf__<'py>(
+        &self,
+        py: Python<'py>,
+        _args: Bound<'py, pyo3::types::PyTuple>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let udf = datafusion_grad::session_context()
+            .udf(&self.name)
+            .map_err(crate::errors::to_py)?;
+        PyCapsule::new(
+            py,
+            FFI_ScalarUDF::from(udf),
+            Some(capsule_name("datafusion_scalar_udf")),
+        )
+    }
+}
+
+/// The table function `grad_query(sql)` as a `datafusion_table_function`
+/// capsule.
+#[pyclass(
+    name = "GradQueryFunction",
+    module = "datafusion_grad._internal",
+    frozen
+)]
+#[derive(Default)]
+pub struct PyGradQuery;
+
+#[pymethods]
+impl PyGradQuery {
+    #[new]
+    fn new() -> Self {
+        Self
+    }
+
+    /// The capsule stock datafusion-python imports (`udtf(obj, name)`);
+    /// `session` is the stock session, whose logical codec encodes arguments.
+    fn __datafusion_table_function__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let codec = logical_codec(&session)?;
+        let function = FFI_TableFunction::new_with_ffi_codec(
+            Arc::new(GradQuery),
+            Some(runtime().handle().clone()),
+            codec,
+        );
+        PyCapsule::new(
+            py,
+            function,
+            Some(capsule_name("datafusion_table_function")),
+        )
+    }
+}
+
+/// The query planner that differentiates, as a `datafusion_query_planner`
+/// capsule for `ctx.set_query_planner`. It replaces the session's planner:
+/// plans are differentiated, then planned with DataFusion's own physical
+/// planner and optimizer rules in a session of ours over the caller's
+/// catalogs, configuration and functions.
+#[pyclass(name = "GradPlanner", module = "datafusion_grad._internal", frozen)]
+#[derive(Default)]
+pub struct PyGradPlanner;
+
+#[pymethods]
+impl PyGradPlanner {
+    #[new]
+    fn new() -> Self {
+        Self
+    }
+
+    /// The capsule `ctx.set_query_planner` imports; `session` is the stock
+    /// session (its task context provider resolves plan contents).
+    #[pyo3(signature = (session = None))]
+    fn __datafusion_query_planner__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let Some(session) = session else {
+            return Err(PyTypeError::new_err(
+                "GradPlanner needs the session it is installed on: use ctx.set_query_planner(planner) \
+                 or datafusion_grad.install(ctx)",
+            ));
+        };
+        // The session's codec chains, which carry ByReferenceCodec when the
+        // planner is installed through GradExtension.
+        let logical = logical_codec(&session)?;
+        let capsule = exported(
+            &session,
+            "__datafusion_physical_extension_codec__",
+            "datafusion_physical_extension_codec",
+        )?;
+        // SAFETY: the capsule's name was checked.
+        let physical = unsafe { capsule.reference::<FFI_PhysicalExtensionCodec>() }.clone();
+        let ffi = FFI_QueryPlanner::new_with_ffi_codecs(Arc::new(GradPlanner), logical, physical);
+        PyCapsule::new(py, ffi, Some(capsule_name("datafusion_query_planner")))
+    }
+}
+
+/// The [`ByReference`] codec as the logical and physical extension codec of
+/// a stock session (`SessionExtensionComponents`), bound to `ctx`'s task
+/// context provider.
+#[pyclass(
+    name = "ByReferenceCodec",
+    module = "datafusion_grad._internal",
+    frozen
+)]
+pub struct PyByReferenceCodec {
+    provider: FFI_TaskContextProvider,
+}
+
+#[pymethods]
+impl PyByReferenceCodec {
+    #[new]
+    fn new(ctx: Bound<'_, PyAny>) -> PyResult<Self> {
+        let capsule = exported(
+            &ctx,
+            "__datafusion_task_context_provider__",
+            "datafusion_task_context_provider",
+        )?;
+        // SAFETY: the capsule's name was checked.
+        let provider = unsafe { capsule.reference::<FFI_TaskContextProvider>() }.clone();
+        Ok(Self { provider })
+    }
+
+    /// The id the session tags this codec's payloads with.
+    #[classattr]
+    fn __datafusion_codec_id__() -> &'static str {
+        "datafusion_grad.by_reference"
+    }
+
+    #[pyo3(signature = (session = None))]
+    fn __datafusion_logical_extension_codec__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = session;
+        let codec = FFI_LogicalExtensionCodec::new(
+            Arc::new(ByReference),
+            Some(runtime().handle().clone()),
+            self.provider.clone(),
+        );
+        PyCapsule::new(
+            py,
+            codec,
+            Some(capsule_name("datafusion_logical_extension_codec")),
+        )
+    }
+
+    #[pyo3(signature = (session = None))]
+    fn __datafusion_physical_extension_codec__<'py>(
+        &self,
+        py: Python<'py>,
+        session: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = session;
+        let codec = FFI_PhysicalExtensionCodec::new(
+            Arc::new(ByReference),
+            Some(runtime().handle().clone()),
+            self.provider.clone(),
+        );
+        PyCapsule::new(
+            py,
+            codec,
+            Some(capsule_name("datafusion_physical_extension_codec")),
+        )
+    }
+}
+
+/// The session's logical extension codec (arguments and plans are encoded
+/// with it).
+fn logical_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCodec> {
+    let capsule = exported(
+        session,
+        "__datafusion_logical_extension_codec__",
+        "datafusion_logical_extension_codec",
+    )?;
+    // SAFETY: the capsule's name was checked.
+    Ok(unsafe { capsule.reference::<FFI_LogicalExtensionCodec>() }.clone())
+}
+
+/// `obj.<getter>()` (or `obj` itself) as a capsule named `name`.
+fn exported<'py>(
+    obj: &Bound<'py, PyAny>,
+    getter: &str,
+    name: &str,
+) -> PyResult<Bound<'py, PyCapsule>> {
+    let value = if obj.hasattr(getter)? {
+        obj.getattr(getter)?.call0()?
+    } else {
+        obj.clone()
+    };
+    let capsule = value.downcast_into::<PyCapsule>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "expected a '{name}' capsule or an object with {getter}()"
+        ))
+    })?;
+    let found = capsule.name()?.map(|n| n.to_string_lossy().into_owned());
+    if found.as_deref() != Some(name) {
+        return Err(PyTypeError::new_err(format!(
+            "expected a '{name}' capsule, got {found:?}"
+        )));
+    }
+    Ok(capsule)
+}
+
+/// A session of ours over the caller's catalogs, configuration and functions,
+/// with datafusion-grad installed.
+fn session_over(session: &dyn Session) -> SessionContext {
+    let mut config = session.config().clone();
+    // The caller's catalog list is shared: never replace its default catalog.
+    config
+        .options_mut()
+        .catalog
+        .create_default_catalog_and_schema = false;
+    let state = SessionStateBuilder::new()
+        .with_config(config)
+        .with_default_features()
+        .with_catalog_list(session.catalog_list())
+        .build();
+    let ctx = SessionContext::new_with_state(state);
+    datafusion_grad::register(&ctx);
+    // The caller's own functions (e.g. its Python UDFs) plan too; ours and
+    // DataFusion's built-ins stay native.
+    for udf in session.scalar_functions().values() {
+        if ctx.udf(udf.name()).is_err() {
+            ctx.register_udf(udf.as_ref().clone());
+        }
+    }
+    for udaf in session.aggregate_functions().values() {
+        if ctx.udaf(udaf.name()).is_err() {
+            ctx.register_udaf(udaf.as_ref().clone());
+        }
+    }
+    for udwf in session.window_functions().values() {
+        if ctx.udwf(udwf.name()).is_err() {
+            ctx.register_udwf(udwf.as_ref().clone());
+        }
+    }
+    ctx
+}
+
+/// `grad_query('<SQL>')`: the query's result, computed by datafusion-grad.
+#[derive(Debug)]
+struct GradQuery;
+
+impl TableFunctionImpl for GradQuery {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        let sql = match args.exprs() {
+            [Expr::Literal(
+                ScalarValue::Utf8(Some(sql))
+                | ScalarValue::LargeUtf8(Some(sql))
+                | ScalarValue::Utf8View(Some(sql)),
+                _,
+            )] => sql.clone(),
+            _ => return plan_err!("grad_query takes one string literal: the SQL query to run"),
+        };
+        let ctx = session_over(args.session());
+        let state = ctx.state();
+        let plan = block_on_detached(state.create_logical_plan(&sql))?;
+        if let Some(kind) = not_a_query(&plan) {
+            return plan_err!(
+                "grad_query runs queries; {kind} must be run by the session itself \
+                 (INSERT INTO t SELECT * FROM grad_query('...') works)"
+            );
+        }
+        let plan = state.optimize(&plan)?;
+        Ok(Arc::new(QueryTable { state, plan }))
+    }
+}
+
+/// The kind of statement `plan` is, if it is not a query.
+fn not_a_query(plan: &LogicalPlan) -> Option<&'static str> {
+    match plan {
+        LogicalPlan::Dml(_) => Some("INSERT/UPDATE/DELETE"),
+        LogicalPlan::Ddl(_) => Some("CREATE/DROP"),
+        LogicalPlan::Statement(_) => Some("a statement (SET, PREPARE, transaction)"),
+        LogicalPlan::Copy(_) => Some("COPY"),
+        _ => None,
+    }
+}
+
+/// The optimized plan of a `grad_query`, planned and run in our session.
+#[derive(Debug)]
+struct QueryTable {
+    state: SessionState,
+    plan: LogicalPlan,
+}
+
+#[async_trait]
+impl TableProvider for QueryTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(self.plan.schema().inner())
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::View
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let plan = self.state.create_physical_plan(&self.plan).await?;
+        let Some(projection) = projection else {
+            return Ok(plan);
+        };
+        let schema = plan.schema();
+        let columns: Vec<(Arc<dyn datafusion::physical_expr::PhysicalExpr>, String)> = projection
+            .iter()
+            .map(|&i| {
+                let name = schema.field(i).name().clone();
+                (Arc::new(Column::new(&name, i)) as _, name)
+            })
+            .collect();
+        Ok(Arc::new(ProjectionExec::try_new(columns, plan)?))
+    }
+}
+
+/// Differentiates and plans the plans a stock session hands over.
+#[derive(Debug)]
+struct GradPlanner;
+
+#[async_trait]
+impl QueryPlanner for GradPlanner {
+    async fn create_physical_plan(
+        &self,
+        plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let ctx = session_over(session);
+        // The caller optimized the plan before handing it over; its common
+        // subexpressions hide base columns the derivative may need.
+        let plan =
+            datafusion_grad::inline_common_subexpressions(adopt_functions(plan.clone(), &ctx)?)?;
+        let physical = ctx.state().create_physical_plan(&plan).await?;
+        Ok(Arc::new(Handoff::new(physical)))
+    }
+}
+
+/// `plan` with every function call bound to `ctx`'s own implementation of
+/// that name where it has one: the markers (which the decoded plan names,
+/// possibly as foreign UDFs), and DataFusion's built-ins, which then run
+/// natively instead of through FFI (whose scalar UDF does not pass literal
+/// arguments to `return_field_from_args`, which `get_field` needs). The
+/// caller's own functions (e.g. Python UDFs) stay foreign.
+fn adopt_functions(plan: LogicalPlan, ctx: &SessionContext) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| {
+        node.map_expressions(|e| {
+            e.transform_up(|e| match e {
+                Expr::ScalarFunction(f) => match ctx.udf(f.name()) {
+                    Ok(ours) if *ours != *f.func => Ok(Transformed::yes(Expr::ScalarFunction(
+                        ScalarFunction::new_udf(ours, f.args),
+                    ))),
+                    _ => Ok(Transformed::no(Expr::ScalarFunction(f))),
+                },
+                Expr::AggregateFunction(mut f) => match ctx.udaf(f.func.name()) {
+                    Ok(ours) if *ours != *f.func => {
+                        f.func = ours;
+                        Ok(Transformed::yes(Expr::AggregateFunction(f)))
+                    }
+                    _ => Ok(Transformed::no(Expr::AggregateFunction(f))),
+                },
+                Expr::WindowFunction(mut w) => {
+                    let ours = match &w.fun {
+                        WindowFunctionDefinition::AggregateUDF(f) => ctx
+                            .udaf(f.name())
+                            .ok()
+                            .filter(|ours| **ours != **f)
+                            .map(WindowFunctionDefinition::AggregateUDF),
+                        WindowFunctionDefinition::WindowUDF(f) => ctx
+                            .udwf(f.name())
+                            .ok()
+                            .filter(|ours| **ours != **f)
+                            .map(WindowFunctionDefinition::WindowUDF),
+                    };
+                    match ours {
+                        Some(fun) => {
+                            w.fun = fun;
+                            Ok(Transformed::yes(Expr::WindowFunction(w)))
+                        }
+                        None => Ok(Transformed::no(Expr::WindowFunction(w))),
+                    }
+                }
+                e => Ok(Transformed::no(e)),
+            })
+        })
+    })
+    .map(|t| t.data)
+}

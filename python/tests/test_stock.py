@@ -1,0 +1,128 @@
+"""grad in the stock `datafusion` package (datafusion-python 55), through
+datafusion_grad.install: FFI scalar functions, the differentiating query
+planner, and the grad_query table function."""
+
+import math
+
+import pytest
+
+datafusion = pytest.importorskip("datafusion")
+
+import datafusion_grad as dg  # noqa: E402
+from datafusion_grad import _internal  # noqa: E402
+
+
+@pytest.fixture
+def ctx():
+    ctx = dg.install(datafusion.SessionContext())
+    ctx.from_pydict({"x": [0.5, 1.0, 2.0], "y": [3.0, -1.0, 0.25]}, name="t")
+    ctx.from_pydict({"w": [1.5]}, name="p")
+    return ctx
+
+
+def test_version_is_55():
+    assert datafusion.__version__.startswith("55.")
+
+
+def test_grad_in_select(ctx):
+    got = ctx.sql("SELECT grad(sin(x) * y, x) AS d FROM t ORDER BY x").to_pydict()["d"]
+    assert got == pytest.approx([math.cos(x) * y for x, y in [(0.5, 3.0), (1.0, -1.0), (2.0, 0.25)]])
+
+
+def test_struct_jvp_vjp_second_order(ctx):
+    got = ctx.sql(
+        "SELECT grad(x * x * y, x, y)['x'] AS gx, jvp(x * y, x, 2.0, y, 1.0) AS j, "
+        "vjp(exp(x), x, y) AS v, grad(grad(x * x * x, x), x) AS h FROM t ORDER BY x"
+    ).to_pydict()
+    assert got["gx"] == pytest.approx([2 * 0.5 * 3.0, 2 * 1.0 * -1.0, 2 * 2.0 * 0.25])
+    assert got["j"] == pytest.approx([2 * 3.0 + 0.5, 2 * -1.0 + 1.0, 2 * 0.25 + 2.0])
+    assert got["v"] == pytest.approx([3.0 * math.exp(0.5), -math.exp(1.0), 0.25 * math.exp(2.0)])
+    assert got["h"] == pytest.approx([3.0, 6.0, 12.0])
+
+
+def test_where_order_join_subquery(ctx):
+    got = ctx.sql(
+        "SELECT t.x, grad(p.w * t.x * t.x, t.x) AS d FROM t JOIN p ON grad(p.w * p.w, p.w) > 0 "
+        "WHERE grad(x * x, x) > 2.5 AND x IN (SELECT x FROM t WHERE grad(y * y, y) < 1) "
+        "ORDER BY grad(x * x, x)"
+    ).to_pydict()
+    assert got == {"x": [2.0], "d": [2 * 1.5 * 2.0]}
+
+
+def test_grad_through_aggregate(ctx):
+    got = ctx.sql(
+        "SELECT grad(avg((w * x - y) * (w * x - y)), w) AS d FROM t CROSS JOIN p GROUP BY w"
+    ).to_pydict()["d"][0]
+    xs, ys = [0.5, 1.0, 2.0], [3.0, -1.0, 0.25]
+    assert got == pytest.approx(sum(2 * (1.5 * x - y) * x for x, y in zip(xs, ys)) / 3)
+
+
+def test_dataframe_api_and_views(ctx):
+    df = ctx.sql("SELECT x, grad(x * x * x, x) AS d FROM t")
+    assert sorted(df.to_pydict()["d"]) == [0.75, 3.0, 12.0]
+    ctx.sql("CREATE VIEW v AS SELECT x, grad(x * x, x) AS d FROM t").collect()
+    assert sorted(ctx.sql("SELECT d FROM v").to_pydict()["d"]) == [1.0, 2.0, 4.0]
+
+
+def test_recursive_cte_through_grad_query(ctx):
+    newton = (
+        "WITH RECURSIVE it(n, x) AS (SELECT 0, 1.0 UNION ALL "
+        "SELECT n + 1, x - (x * x - 2) / grad(x * x - 2, x) FROM it WHERE n < 6) "
+        "SELECT x FROM it WHERE n = 6"
+    )
+    got = ctx.sql(f"SELECT * FROM grad_query('{newton}')").to_pydict()
+    assert got["x"][0] == pytest.approx(math.sqrt(2), abs=1e-15)
+
+
+def test_training_loop_over_callers_table_in_grad_query(ctx):
+    ctx.sql(
+        "CREATE TABLE points AS SELECT CAST(value AS DOUBLE) / 10 AS x, "
+        "2.0 * CAST(value AS DOUBLE) / 10 + 1.0 AS y FROM generate_series(0, 20)"
+    ).collect()
+    loop = (
+        "WITH RECURSIVE fit(step, w, b) AS (SELECT 0 AS step, 0.0 AS w, 0.0 AS b UNION ALL "
+        "SELECT step + 1, w - 0.2 * grad(avg(power(w * x + b - y, 2)), w), "
+        "b - 0.2 * grad(avg(power(w * x + b - y, 2)), b) "
+        "FROM fit CROSS JOIN points WHERE step < 2000 GROUP BY step, w, b) "
+        "SELECT w, b FROM fit WHERE step = 2000"
+    )
+    got = ctx.sql(f"SELECT * FROM grad_query('{loop}')").to_pylist()[0]
+    assert got["w"] == pytest.approx(2.0, abs=1e-6)
+    assert got["b"] == pytest.approx(1.0, abs=1e-6)
+    # the result is an ordinary table to the stock session
+    ctx.sql(f"CREATE TABLE fitted AS SELECT * FROM grad_query('{loop}')").collect()
+    assert ctx.sql("SELECT count(*) AS n FROM fitted").to_pydict() == {"n": [1]}
+
+
+def test_recursive_cte_through_the_planner(ctx):
+    sql = (
+        "WITH RECURSIVE it(n, x) AS (SELECT 0 AS n, 1.0 AS x UNION ALL "
+        "SELECT n + 1, x - (x * x - 2) / grad(x * x - 2, x) FROM it WHERE n < 6) "
+        "SELECT x FROM it WHERE n = 6"
+    )
+    assert ctx.sql(sql).to_pydict()["x"][0] == pytest.approx(math.sqrt(2), abs=1e-15)
+
+
+def test_grad_query_refusals(ctx):
+    with pytest.raises(Exception, match="one string literal"):
+        ctx.sql("SELECT * FROM grad_query(1)").collect()
+    with pytest.raises(Exception, match="grad_query runs queries"):
+        ctx.sql("SELECT * FROM grad_query('CREATE TABLE z (a INT)')").collect()
+    assert not ctx.table_exist("z")
+    with pytest.raises(Exception, match="non_differentiable"):
+        ctx.sql("SELECT * FROM grad_query('SELECT grad(random() * x, x) FROM t')").collect()
+
+
+def test_without_the_planner_grad_never_computes():
+    ctx = datafusion.SessionContext()
+    ctx.register_udf(datafusion.udf(_internal.MarkerFunction("grad")))
+    ctx.from_pydict({"x": [1.0]}, name="t")
+    with pytest.raises(Exception, match="marker_reached_execution"):
+        ctx.sql("SELECT grad(x * x, x) FROM t").collect()
+
+
+def test_install_checks_its_argument():
+    with pytest.raises(TypeError, match="stock datafusion.SessionContext"):
+        dg.install(dg.SessionContext())
+    with pytest.raises(TypeError, match="grad, jvp, vjp"):
+        _internal.MarkerFunction("hess")

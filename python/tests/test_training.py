@@ -1,0 +1,74 @@
+"""A whole training loop in one query, checked against least squares."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import datafusion_grad as dg
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+POINTS = """
+CREATE TABLE points AS
+SELECT x, 3.0 * x - 2.0 + 0.1 * sin(i * 12.9898) AS y
+FROM (SELECT value AS i, CAST(value % 200 AS DOUBLE) / 100.0 - 1.0 AS x
+      FROM generate_series(1, 2000))
+"""
+
+LOOP = """
+WITH RECURSIVE fit(step, w, b) AS (
+  SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.0 AS DOUBLE) AS b
+  UNION ALL
+  SELECT step + 1,
+         w - 0.5 * grad(avg(power(w * x + b - y, 2)), w),
+         b - 0.5 * grad(avg(power(w * x + b - y, 2)), b)
+  FROM fit CROSS JOIN points
+  WHERE step < 300
+  GROUP BY step, w, b
+)
+SELECT w, b FROM fit WHERE step = 300
+"""
+
+
+def test_gradient_descent_reaches_least_squares():
+    ctx = dg.SessionContext()
+    ctx.sql(POINTS).collect()
+    got = ctx.sql(LOOP).to_pylist()[0]
+    data = ctx.table("points").to_pandas()
+    design = np.column_stack([data["x"], np.ones(len(data))])
+    (w, b), *_ = np.linalg.lstsq(design, data["y"].to_numpy(), rcond=None)
+    assert got["w"] == pytest.approx(w, abs=1e-6)
+    assert got["b"] == pytest.approx(b, abs=1e-6)
+
+
+def test_training_step_as_dml_from_python():
+    ctx = dg.SessionContext()
+    ctx.sql(POINTS).collect()
+    ctx.sql("CREATE TABLE params (step INT, w DOUBLE, b DOUBLE)").collect()
+    ctx.sql("INSERT INTO params VALUES (0, 0.0, 0.0)").collect()
+    step = """
+    INSERT INTO params
+    SELECT step + 1,
+           w - 0.5 * grad(avg(power(w * x + b - y, 2)), w),
+           b - 0.5 * grad(avg(power(w * x + b - y, 2)), b)
+    FROM (SELECT * FROM params ORDER BY step DESC LIMIT 1) CROSS JOIN points
+    GROUP BY step, w, b
+    """
+    for _ in range(300):
+        ctx.sql(step).collect()
+    last = ctx.sql("SELECT w, b FROM params WHERE step = 300").to_pylist()[0]
+    loop = ctx.sql(LOOP).to_pylist()[0]
+    assert last["w"] == pytest.approx(loop["w"], abs=1e-12)
+    assert last["b"] == pytest.approx(loop["b"], abs=1e-12)
+
+
+def test_shipped_example_runs():
+    ctx = dg.SessionContext()
+    text = (EXAMPLES / "linear_regression.sql").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    statements = [s for s in code.split(";") if s.strip()]
+    for statement in statements[:-1]:
+        ctx.sql(statement).collect()
+    rows = ctx.sql(statements[-1]).to_pylist()
+    assert rows[-1]["mse"] < 0.01
