@@ -58,6 +58,7 @@ Usage:
     python3 benches/compare_training.py --quick               # 100k rows, smoke test
     python3 benches/compare_training.py --rows 1000000 --params 2 --repeat 5
     DFGRAD=target/release/dfgrad python3 benches/compare_training.py
+    python3 benches/compare_training.py --dfgrad python   # via `pip install ./python`
 
 The dfgrad binary: `--dfgrad PATH`, else `$DFGRAD`, else
 `$CARGO_TARGET_DIR/release/dfgrad` if present, else `/work/target/debug/dfgrad`.
@@ -258,6 +259,36 @@ def run_ours(binary: str, path: Path, k: int, args) -> dict[str, Result]:
     return results
 
 
+def run_ours_python(path: Path, k: int, args) -> dict[str, Result]:
+    """As run_ours, through the Python package (`pip install ./python`: a
+    release build), timing `ctx.sql(q).to_arrow_table()`."""
+    import datafusion_grad as dg
+
+    params = weight_names(k) + ["b"]
+    sql = {v: training_sql(k, args.iters, args.lr, v) for v in ("grad", "hand")}
+    ctx = dg.SessionContext()
+    if path.suffix == ".parquet":
+        ctx.register_parquet("points", str(path))
+    else:
+        ctx.register_csv("points", str(path))
+    t0 = time.perf_counter()
+    ctx.sql("CREATE TABLE pts AS SELECT * FROM points").collect()
+    load = time.perf_counter() - t0
+    results = {v: Result(note=f"load {load:.2f}s, python package") for v in ("grad", "hand")}
+    for i in range(args.warmup + args.repeat):
+        for v in (["grad", "hand"] if i % 2 == 0 else ["hand", "grad"]):
+            t0 = time.perf_counter()
+            table = ctx.sql(sql[v]).to_arrow_table()
+            t = time.perf_counter() - t0
+            if table.num_rows != 1:
+                raise RuntimeError(f"ours returned {table.num_rows} rows")
+            row = table.to_pylist()[0]
+            results[v].record(np.array([np.nan if row[c] is None else row[c] for c in params]))
+            if i >= args.warmup:
+                results[v].times.append(t)
+    return results
+
+
 def run_duckdb(path: Path, k: int, args) -> Result:
     con = duckdb.connect()
     reader = "read_parquet" if path.suffix == ".parquet" else "read_csv_auto"
@@ -364,7 +395,9 @@ def fmt_pct(bound: float, t: float | None) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dfgrad", default=default_binary(), help="dfgrad binary")
+    p.add_argument("--dfgrad", default=default_binary(),
+                   help="dfgrad binary, or 'python' to run ours through the installed "
+                        "Python package (a release build)")
     p.add_argument("--rows", default="1000000,10000000", help="comma-separated sizes")
     p.add_argument("--params", default="2,10", help="comma-separated parameter counts (>= 2)")
     p.add_argument("--iters", type=int, default=20)
@@ -388,7 +421,7 @@ def main() -> int:
     engines = set(args.engines.split(","))
     if any(c < 2 for c in counts):
         p.error("--params: every model has at least one weight and the intercept")
-    if "ours" in engines and not Path(args.dfgrad).exists():
+    if "ours" in engines and args.dfgrad != "python" and not Path(args.dfgrad).exists():
         p.error(f"dfgrad binary not found: {args.dfgrad} (use --dfgrad or $DFGRAD)")
     if "duckdb" in engines and duckdb is None:
         print("note: duckdb is not installed (pip install duckdb); skipping it", file=sys.stderr)
@@ -417,7 +450,8 @@ def main() -> int:
             rec["bound_s"] = args.iters * rec["bytes_per_iter"] / bw
             res: dict[str, Result] = {}
             if "ours" in engines:
-                ours = run_ours(args.dfgrad, path, k, args)
+                ours = (run_ours_python(path, k, args) if args.dfgrad == "python"
+                        else run_ours(args.dfgrad, path, k, args))
                 res["ours grad"], res["ours hand"] = ours["grad"], ours["hand"]
             if "duckdb" in engines:
                 res["DuckDB hand"] = run_duckdb(path, k, args)

@@ -271,7 +271,8 @@ impl ScalarUDFImpl for Marker {
                  rewritten by the optimizer's expression simplifier, or by the datafusion-grad \
                  analyzer rule when the optimizer is off; install both with \
                  datafusion_grad::register(&ctx) (a {} loaded over FFI cannot rewrite itself: \
-                 use datafusion_grad's own context)",
+                 use datafusion_grad's own context, or in the Python datafusion package \
+                 ctx = datafusion_grad.install(ctx), or SELECT * FROM grad_query('<SQL>'))",
                 self.name(),
                 self.name()
             ),

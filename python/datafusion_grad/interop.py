@@ -51,8 +51,10 @@ def install(ctx: Any, planner: bool = True) -> Any:
     """Installs grad/jvp/vjp and ``grad_query`` into the session of a stock
     ``datafusion.SessionContext``, and (unless ``planner=False``) the
     differentiating query planner with its codecs (:class:`GradExtension`).
-    Returns the context to use: codecs belong to a context handle, so use
-    the returned one (``ctx = datafusion_grad.install(ctx)``).
+    Returns ``ctx``. The codecs belong to a context *handle*: ``ctx`` is
+    switched to the handle carrying them; other handles on the same session
+    made before ``install`` (``with_*`` results) cannot pass in-memory tables
+    to the planner.
 
     Without the planner, grad works only inside ``grad_query('<SQL>')``; a
     grad elsewhere fails with ``marker_reached_execution``.
@@ -80,4 +82,8 @@ def install(ctx: Any, planner: bool = True) -> Any:
     for name in MARKERS:
         ctx.register_udf(datafusion.udf(_internal.MarkerFunction(name)))
     ctx.register_udtf(datafusion.udtf(_internal.GradQueryFunction(), "grad_query"))
-    return ctx.with_extensions(GradExtension()) if planner else ctx
+    if planner:
+        # with_extensions returns a new handle on the same session; the
+        # caller's object takes it over, so `ctx` itself carries the codecs.
+        ctx.ctx = ctx.with_extensions(GradExtension()).ctx
+    return ctx

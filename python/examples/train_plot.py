@@ -29,7 +29,7 @@ LOSS = "ln(1 + exp(-abs(w1 * x1 + w2 * x2 + b))) + greatest(w1 * x1 + w2 * x2 + 
 
 TRAIN = f"""
 WITH RECURSIVE fit(step, w1, w2, b, loss) AS (
-  SELECT 0, 0.0, 0.0, 0.0, CAST(NULL AS DOUBLE)
+  SELECT 0 AS step, 0.0 AS w1, 0.0 AS w2, 0.0 AS b, CAST(NULL AS DOUBLE) AS loss
   UNION ALL
   SELECT step + 1,
          w1 - 1.0 * grad(avg({LOSS}), w1),

@@ -117,8 +117,36 @@ def test_without_the_planner_grad_never_computes():
     ctx = datafusion.SessionContext()
     ctx.register_udf(datafusion.udf(_internal.MarkerFunction("grad")))
     ctx.from_pydict({"x": [1.0]}, name="t")
-    with pytest.raises(Exception, match="marker_reached_execution"):
+    with pytest.raises(Exception, match="marker_reached_execution.*datafusion_grad.install"):
         ctx.sql("SELECT grad(x * x, x) FROM t").collect()
+
+
+def test_install_works_in_place():
+    ctx = datafusion.SessionContext()
+    dg.install(ctx)  # the return value is not needed
+    ctx.from_pydict({"x": [3.0]}, name="t")
+    assert ctx.sql("SELECT grad(x * x, x) AS d FROM t").to_pydict() == {"d": [6.0]}
+    # queries without grad, over in-memory tables, still work
+    assert ctx.sql("SELECT x + 1 AS y FROM t").to_pydict() == {"y": [4.0]}
+
+
+def test_python_udfs_of_the_caller_still_work(ctx):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    twice = datafusion.udf(lambda a: pc.multiply(a, 2.0), [pa.float64()], pa.float64(), "immutable", "twice")
+    ctx.register_udf(twice)
+    got = ctx.sql("SELECT twice(x) AS t2, grad(x * x, x) AS d FROM t ORDER BY x").to_pydict()
+    assert got == {"t2": [1.0, 2.0, 4.0], "d": [1.0, 2.0, 4.0]}
+    # a caller's function inside grad has no derivative rule: refused, by name
+    with pytest.raises(Exception, match="non_differentiable.*twice"):
+        ctx.sql("SELECT grad(twice(x), x) FROM t").collect()
+
+
+def test_explain_shows_the_derivative(ctx):
+    logical, physical = ctx.sql("EXPLAIN SELECT grad(x * x, x) AS d FROM t").to_pydict()["plan"]
+    assert logical.startswith("Projection: t.x + t.x AS d")
+    assert "x@0 + x@0 as d" in physical
 
 
 def test_install_checks_its_argument():

@@ -72,3 +72,17 @@ def test_shipped_example_runs():
         ctx.sql(statement).collect()
     rows = ctx.sql(statements[-1]).to_pylist()
     assert rows[-1]["mse"] < 0.01
+
+
+def test_plotting_example(tmp_path):
+    import re
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    script = Path(__file__).resolve().parents[1] / "examples" / "train_plot.py"
+    out = tmp_path / "loss.png"
+    run = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, check=True)
+    accuracy = float(re.search(r"accuracy=([0-9.]+)", run.stdout).group(1))
+    assert accuracy > 0.95, run.stdout
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
