@@ -15,6 +15,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyCapsule};
 
+use crate::capsule;
 use crate::dataframe::PyDataFrame;
 use crate::errors::{py_result, to_py};
 use crate::runtime::wait;
@@ -142,12 +143,7 @@ impl PySessionContext {
 
 /// The batches of an Arrow C stream capsule as a [`MemTable`].
 fn mem_table(stream: &Bound<'_, PyCapsule>) -> PyResult<MemTable> {
-    let name = stream.name()?.map(|n| n.to_bytes().to_vec());
-    if name.as_deref() != Some(b"arrow_array_stream".as_slice()) {
-        return Err(PyTypeError::new_err(
-            "expected an 'arrow_array_stream' capsule (from obj.__arrow_c_stream__())",
-        ));
-    }
+    let stream = capsule::named(stream.as_any(), "__arrow_c_stream__", "arrow_array_stream")?;
     // SAFETY: the capsule holds an FFI_ArrowArrayStream (checked by name, as
     // the Arrow PyCapsule interface specifies); from_raw moves the stream out
     // and marks the original released, so the capsule's destructor is a no-op.

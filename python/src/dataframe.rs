@@ -2,8 +2,6 @@
 //! PyCapsule interface (`__arrow_c_stream__`), which pyarrow, pandas and
 //! polars read without copying.
 
-use std::ffi::CString;
-
 use arrow::array::RecordBatchIterator;
 use arrow::ffi::FFI_ArrowSchema;
 use arrow::ffi_stream::FFI_ArrowArrayStream;
@@ -14,6 +12,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
+use crate::capsule;
 use crate::errors::py_result;
 use crate::runtime::wait;
 
@@ -47,7 +46,7 @@ impl PyDataFrame {
         let batches = py_result(wait(py, df.collect())?)?;
         let reader = RecordBatchIterator::new(batches.into_iter().map(Ok), schema);
         let stream = FFI_ArrowArrayStream::new(Box::new(reader));
-        PyCapsule::new(py, stream, Some(capsule_name("arrow_array_stream")))
+        capsule::export(py, stream, "arrow_array_stream")
     }
 
     /// The result schema as an Arrow C schema capsule.
@@ -55,7 +54,7 @@ impl PyDataFrame {
         let schema: &Schema = self.df.schema().as_arrow();
         let ffi =
             FFI_ArrowSchema::try_from(schema).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        PyCapsule::new(py, ffi, Some(capsule_name("arrow_schema")))
+        capsule::export(py, ffi, "arrow_schema")
     }
 
     /// The first `limit` rows as a text table.
@@ -93,9 +92,4 @@ impl PyDataFrame {
             .map(|f| f.name().clone())
             .collect()
     }
-}
-
-/// A capsule name (the protocol's names contain no NUL).
-pub fn capsule_name(name: &str) -> CString {
-    CString::new(name).expect("capsule names contain no NUL")
 }

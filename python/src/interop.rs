@@ -41,7 +41,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
-use crate::dataframe::capsule_name;
+use crate::capsule;
 use crate::handoff::{ByReference, Handoff};
 use crate::runtime::{block_on_detached, runtime};
 
@@ -80,11 +80,7 @@ impl PyMarkerFunction {
         let udf = datafusion_grad::session_context()
             .udf(&self.name)
             .map_err(crate::errors::to_py)?;
-        PyCapsule::new(
-            py,
-            FFI_ScalarUDF::from(udf),
-            Some(capsule_name("datafusion_scalar_udf")),
-        )
+        capsule::export(py, FFI_ScalarUDF::from(udf), "datafusion_scalar_udf")
     }
 }
 
@@ -118,11 +114,7 @@ impl PyGradQuery {
             Some(runtime().handle().clone()),
             codec,
         );
-        PyCapsule::new(
-            py,
-            function,
-            Some(capsule_name("datafusion_table_function")),
-        )
+        capsule::export(py, function, "datafusion_table_function")
     }
 }
 
@@ -159,15 +151,16 @@ impl PyGradPlanner {
         // The session's codec chains, which carry ByReferenceCodec when the
         // planner is installed through GradExtension.
         let logical = logical_codec(&session)?;
-        let capsule = exported(
-            &session,
-            "__datafusion_physical_extension_codec__",
-            "datafusion_physical_extension_codec",
-        )?;
-        // SAFETY: the capsule's name was checked.
-        let physical = unsafe { capsule.reference::<FFI_PhysicalExtensionCodec>() }.clone();
+        // SAFETY: the protocol pairs this capsule name with the type.
+        let physical: FFI_PhysicalExtensionCodec = unsafe {
+            capsule::import(
+                &session,
+                "__datafusion_physical_extension_codec__",
+                "datafusion_physical_extension_codec",
+            )
+        }?;
         let ffi = FFI_QueryPlanner::new_with_ffi_codecs(Arc::new(GradPlanner), logical, physical);
-        PyCapsule::new(py, ffi, Some(capsule_name("datafusion_query_planner")))
+        capsule::export(py, ffi, "datafusion_query_planner")
     }
 }
 
@@ -187,13 +180,14 @@ pub struct PyByReferenceCodec {
 impl PyByReferenceCodec {
     #[new]
     fn new(ctx: Bound<'_, PyAny>) -> PyResult<Self> {
-        let capsule = exported(
-            &ctx,
-            "__datafusion_task_context_provider__",
-            "datafusion_task_context_provider",
-        )?;
-        // SAFETY: the capsule's name was checked.
-        let provider = unsafe { capsule.reference::<FFI_TaskContextProvider>() }.clone();
+        // SAFETY: the protocol pairs this capsule name with the type.
+        let provider: FFI_TaskContextProvider = unsafe {
+            capsule::import(
+                &ctx,
+                "__datafusion_task_context_provider__",
+                "datafusion_task_context_provider",
+            )
+        }?;
         Ok(Self { provider })
     }
 
@@ -215,11 +209,7 @@ impl PyByReferenceCodec {
             Some(runtime().handle().clone()),
             self.provider.clone(),
         );
-        PyCapsule::new(
-            py,
-            codec,
-            Some(capsule_name("datafusion_logical_extension_codec")),
-        )
+        capsule::export(py, codec, "datafusion_logical_extension_codec")
     }
 
     #[pyo3(signature = (session = None))]
@@ -234,49 +224,21 @@ impl PyByReferenceCodec {
             Some(runtime().handle().clone()),
             self.provider.clone(),
         );
-        PyCapsule::new(
-            py,
-            codec,
-            Some(capsule_name("datafusion_physical_extension_codec")),
-        )
+        capsule::export(py, codec, "datafusion_physical_extension_codec")
     }
 }
 
 /// The session's logical extension codec (arguments and plans are encoded
 /// with it).
 fn logical_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCodec> {
-    let capsule = exported(
-        session,
-        "__datafusion_logical_extension_codec__",
-        "datafusion_logical_extension_codec",
-    )?;
-    // SAFETY: the capsule's name was checked.
-    Ok(unsafe { capsule.reference::<FFI_LogicalExtensionCodec>() }.clone())
-}
-
-/// `obj.<getter>()` (or `obj` itself) as a capsule named `name`.
-fn exported<'py>(
-    obj: &Bound<'py, PyAny>,
-    getter: &str,
-    name: &str,
-) -> PyResult<Bound<'py, PyCapsule>> {
-    let value = if obj.hasattr(getter)? {
-        obj.getattr(getter)?.call0()?
-    } else {
-        obj.clone()
-    };
-    let capsule = value.downcast_into::<PyCapsule>().map_err(|_| {
-        PyTypeError::new_err(format!(
-            "expected a '{name}' capsule or an object with {getter}()"
-        ))
-    })?;
-    let found = capsule.name()?.map(|n| n.to_string_lossy().into_owned());
-    if found.as_deref() != Some(name) {
-        return Err(PyTypeError::new_err(format!(
-            "expected a '{name}' capsule, got {found:?}"
-        )));
+    // SAFETY: the protocol pairs this capsule name with the type.
+    unsafe {
+        capsule::import(
+            session,
+            "__datafusion_logical_extension_codec__",
+            "datafusion_logical_extension_codec",
+        )
     }
-    Ok(capsule)
 }
 
 /// A session of ours over the caller's catalogs, configuration and functions,

@@ -3,6 +3,7 @@
 //! The Python package (`python/datafusion_grad/`) wraps these classes; see
 //! its docstrings for the user-facing API.
 
+mod capsule;
 mod context;
 mod dataframe;
 mod errors;
