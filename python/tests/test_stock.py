@@ -64,6 +64,15 @@ def test_dataframe_api_and_views(ctx):
     assert sorted(ctx.sql("SELECT d FROM v").to_pydict()["d"]) == [1.0, 2.0, 4.0]
 
 
+def test_dml_and_ctas(ctx):
+    ctx.sql("CREATE TABLE params (w DOUBLE)").collect()
+    ctx.sql("INSERT INTO params VALUES (3.0)").collect()
+    ctx.sql("INSERT INTO params SELECT w - 0.25 * grad(w * w, w) FROM params").collect()
+    assert ctx.sql("SELECT w FROM params ORDER BY w").to_pydict() == {"w": [1.5, 3.0]}
+    ctx.sql("CREATE TABLE cubes AS SELECT w, grad(w * w * w, w) AS d FROM params").collect()
+    assert ctx.sql("SELECT d FROM cubes ORDER BY w").to_pydict() == {"d": [6.75, 27.0]}
+
+
 def test_recursive_cte_through_grad_query(ctx):
     newton = (
         "WITH RECURSIVE it(n, x) AS (SELECT 0, 1.0 UNION ALL "
