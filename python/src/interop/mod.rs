@@ -16,20 +16,8 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{plan_err, ScalarValue};
-use datafusion::error::Result;
-use datafusion::execution::context::QueryPlanner;
-use datafusion::execution::session_state::SessionState;
+use datafusion::catalog::Session;
 use datafusion::execution::{FunctionRegistry, SessionStateBuilder};
-use datafusion::logical_expr::expr::ScalarFunction;
-use datafusion::logical_expr::{Expr, LogicalPlan, TableType, WindowFunctionDefinition};
-use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::SessionContext;
 use datafusion_ffi::execution::FFI_TaskContextProvider;
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
@@ -42,8 +30,14 @@ use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
 
 use crate::capsule;
-use crate::handoff::{ByReference, Handoff};
-use crate::runtime::{block_on_detached, runtime};
+use crate::handoff::ByReference;
+use crate::runtime::runtime;
+
+mod grad_query;
+mod planner;
+
+use grad_query::GradQuery;
+use planner::GradPlanner;
 
 /// The SQL functions that differentiate.
 const MARKERS: [&str; 3] = ["grad", "jvp", "vjp"];
@@ -243,7 +237,7 @@ fn logical_codec(session: &Bound<'_, PyAny>) -> PyResult<FFI_LogicalExtensionCod
 
 /// A session of ours over the caller's catalogs, configuration and functions,
 /// with datafusion-grad installed.
-fn session_over(session: &dyn Session) -> SessionContext {
+pub(crate) fn session_over(session: &dyn Session) -> SessionContext {
     let mut config = session.config().clone();
     // The caller's catalog list is shared: never replace its default catalog.
     config
@@ -275,156 +269,4 @@ fn session_over(session: &dyn Session) -> SessionContext {
         }
     }
     ctx
-}
-
-/// `grad_query('<SQL>')`: the query's result, computed by datafusion-grad.
-#[derive(Debug)]
-struct GradQuery;
-
-impl TableFunctionImpl for GradQuery {
-    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
-        let sql = match args.exprs() {
-            [Expr::Literal(
-                ScalarValue::Utf8(Some(sql))
-                | ScalarValue::LargeUtf8(Some(sql))
-                | ScalarValue::Utf8View(Some(sql)),
-                _,
-            )] => sql.clone(),
-            _ => return plan_err!("grad_query takes one string literal: the SQL query to run"),
-        };
-        let ctx = session_over(args.session());
-        let state = ctx.state();
-        let plan = block_on_detached(state.create_logical_plan(&sql))?;
-        if let Some(kind) = not_a_query(&plan) {
-            return plan_err!(
-                "grad_query runs queries; {kind} must be run by the session itself \
-                 (INSERT INTO t SELECT * FROM grad_query('...') works)"
-            );
-        }
-        let plan = state.optimize(&plan)?;
-        Ok(Arc::new(QueryTable { state, plan }))
-    }
-}
-
-/// The kind of statement `plan` is, if it is not a query.
-fn not_a_query(plan: &LogicalPlan) -> Option<&'static str> {
-    match plan {
-        LogicalPlan::Dml(_) => Some("INSERT/UPDATE/DELETE"),
-        LogicalPlan::Ddl(_) => Some("CREATE/DROP"),
-        LogicalPlan::Statement(_) => Some("a statement (SET, PREPARE, transaction)"),
-        LogicalPlan::Copy(_) => Some("COPY"),
-        _ => None,
-    }
-}
-
-/// The optimized plan of a `grad_query`, planned and run in our session.
-#[derive(Debug)]
-struct QueryTable {
-    state: SessionState,
-    plan: LogicalPlan,
-}
-
-#[async_trait]
-impl TableProvider for QueryTable {
-    fn schema(&self) -> SchemaRef {
-        Arc::clone(self.plan.schema().inner())
-    }
-
-    fn table_type(&self) -> TableType {
-        TableType::View
-    }
-
-    async fn scan(
-        &self,
-        _state: &dyn Session,
-        projection: Option<&Vec<usize>>,
-        _filters: &[Expr],
-        _limit: Option<usize>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let plan = self.state.create_physical_plan(&self.plan).await?;
-        let Some(projection) = projection else {
-            return Ok(plan);
-        };
-        let schema = plan.schema();
-        let columns: Vec<(Arc<dyn datafusion::physical_expr::PhysicalExpr>, String)> = projection
-            .iter()
-            .map(|&i| {
-                let name = schema.field(i).name().clone();
-                (Arc::new(Column::new(&name, i)) as _, name)
-            })
-            .collect();
-        Ok(Arc::new(ProjectionExec::try_new(columns, plan)?))
-    }
-}
-
-/// Differentiates and plans the plans a stock session hands over.
-#[derive(Debug)]
-struct GradPlanner;
-
-#[async_trait]
-impl QueryPlanner for GradPlanner {
-    async fn create_physical_plan(
-        &self,
-        plan: &LogicalPlan,
-        session: &dyn Session,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let ctx = session_over(session);
-        // The caller optimized the plan before handing it over; its common
-        // subexpressions hide base columns the derivative may need.
-        let plan =
-            datafusion_grad::inline_common_subexpressions(adopt_functions(plan.clone(), &ctx)?)?;
-        let physical = ctx.state().create_physical_plan(&plan).await?;
-        Ok(Arc::new(Handoff::new(physical)))
-    }
-}
-
-/// `plan` with every function call bound to `ctx`'s own implementation of
-/// that name where it has one: the markers (which the decoded plan names,
-/// possibly as foreign UDFs), and DataFusion's built-ins, which then run
-/// natively instead of through FFI (whose scalar UDF does not pass literal
-/// arguments to `return_field_from_args`, which `get_field` needs). The
-/// caller's own functions (e.g. Python UDFs) stay foreign.
-fn adopt_functions(plan: LogicalPlan, ctx: &SessionContext) -> Result<LogicalPlan> {
-    plan.transform_up_with_subqueries(|node| {
-        node.map_expressions(|e| {
-            e.transform_up(|e| match e {
-                Expr::ScalarFunction(f) => match ctx.udf(f.name()) {
-                    Ok(ours) if *ours != *f.func => Ok(Transformed::yes(Expr::ScalarFunction(
-                        ScalarFunction::new_udf(ours, f.args),
-                    ))),
-                    _ => Ok(Transformed::no(Expr::ScalarFunction(f))),
-                },
-                Expr::AggregateFunction(mut f) => match ctx.udaf(f.func.name()) {
-                    Ok(ours) if *ours != *f.func => {
-                        f.func = ours;
-                        Ok(Transformed::yes(Expr::AggregateFunction(f)))
-                    }
-                    _ => Ok(Transformed::no(Expr::AggregateFunction(f))),
-                },
-                Expr::WindowFunction(mut w) => {
-                    let ours = match &w.fun {
-                        WindowFunctionDefinition::AggregateUDF(f) => ctx
-                            .udaf(f.name())
-                            .ok()
-                            .filter(|ours| **ours != **f)
-                            .map(WindowFunctionDefinition::AggregateUDF),
-                        WindowFunctionDefinition::WindowUDF(f) => ctx
-                            .udwf(f.name())
-                            .ok()
-                            .filter(|ours| **ours != **f)
-                            .map(WindowFunctionDefinition::WindowUDF),
-                    };
-                    match ours {
-                        Some(fun) => {
-                            w.fun = fun;
-                            Ok(Transformed::yes(Expr::WindowFunction(w)))
-                        }
-                        None => Ok(Transformed::no(Expr::WindowFunction(w))),
-                    }
-                }
-                e => Ok(Transformed::no(e)),
-            })
-        })
-    })
-    .map(|t| t.data)
 }
