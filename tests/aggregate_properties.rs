@@ -1,0 +1,185 @@
+//! Gradients through aggregates and window aggregates against central finite
+//! differences: every aggregate rule (sum, avg, count, var/stddev both kinds,
+//! covar both kinds, min, max), nonlinear functions of aggregates, and window
+//! aggregates, each over several row-wise arguments and evaluation points.
+
+use datafusion::arrow::array::{Array, Float64Array};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::prelude::SessionContext;
+
+/// Finite-difference step.
+const H: f64 = 1e-4;
+
+/// Aggregates of the row-wise argument `{e}`, grouped by `g` (and `w`).
+const AGGREGATES: &[&str] = &[
+    "sum({e})",
+    "avg({e})",
+    "count({e})",
+    "var_samp({e})",
+    "var_pop({e})",
+    "stddev({e})",
+    "stddev_pop({e})",
+    "covar_samp({e}, x)",
+    "covar_pop(y, {e})",
+    "min({e})",
+    "max({e})",
+    "sqrt(avg({e} * {e}))",
+    "ln(sum(exp({e})))",
+    "avg({e}) / avg(x + 3)",
+    "var_pop({e}) * avg({e})",
+    "sum({e}) FILTER (WHERE x > 0)",
+];
+
+/// Window aggregates of `{e}`; the variable is constant within each partition.
+const WINDOWS: &[&str] = &[
+    "avg({e}) OVER (PARTITION BY g, w)",
+    "sum({e}) OVER (PARTITION BY g, w ORDER BY x)",
+    "stddev({e}) OVER (PARTITION BY g, w)",
+    "exp(avg({e}) OVER (PARTITION BY g, w)) * w",
+];
+
+/// Row-wise arguments in the variable `w` and the columns `x`, `y`.
+const ARGUMENTS: &[&str] = &[
+    "w * x",
+    "sin(w * x) + w",
+    "power(w - x, 2)",
+    "exp(w * x / 4) - y",
+    "w * w * x - y",
+];
+
+/// Evaluation points.
+const POINTS: &[f64] = &[-0.7, 0.45, 1.3];
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
+}
+
+/// Central difference, trusted only when steps h and 2h agree (no kink).
+fn central(plus: f64, minus: f64, plus2: f64, minus2: f64) -> Option<f64> {
+    let d1 = (plus - minus) / (2.0 * H);
+    let d2 = (plus2 - minus2) / (4.0 * H);
+    (d1.is_finite() && d2.is_finite() && close(d1, d2, 1e-5) && d1.abs() < 1e6).then_some(d1)
+}
+
+fn column(batches: &[RecordBatch], name: &str) -> Vec<Option<f64>> {
+    let mut out = Vec::new();
+    for batch in batches {
+        let array = batch.column_by_name(name).expect("column");
+        let values = array
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .expect("Float64");
+        out.extend((0..values.len()).map(|i| values.is_valid(i).then(|| values.value(i))));
+    }
+    out
+}
+
+async fn rows(ctx: &SessionContext, sql: &str, name: &str) -> Vec<Option<f64>> {
+    let batches = ctx
+        .sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    column(&batches, name)
+}
+
+/// Checks `grad(f, w)` against finite differences of `f` for each template
+/// and argument; `query(f, with_grad, w)` is the SQL. Returns the number of
+/// values compared.
+async fn check(
+    ctx: &SessionContext,
+    templates: &[&str],
+    query: impl Fn(&str, bool, f64) -> String,
+) -> usize {
+    let mut compared = 0;
+    let mut failures = Vec::new();
+    for template in templates {
+        for arg in ARGUMENTS {
+            let f = template.replace("{e}", &format!("({arg})"));
+            for &w in POINTS {
+                let d = rows(ctx, &query(&f, true, w), "d").await;
+                let at = |w| {
+                    let sql = query(&f, false, w);
+                    async move { rows(ctx, &sql, "f").await }
+                };
+                let (p, m) = (at(w + H).await, at(w - H).await);
+                let (p2, m2) = (at(w + 2.0 * H).await, at(w - 2.0 * H).await);
+                for i in 0..d.len() {
+                    let (Some(d), Some(p), Some(m), Some(p2), Some(m2)) =
+                        (d[i], p[i], m[i], p2[i], m2[i])
+                    else {
+                        // NULL derivative exactly where f is NULL
+                        assert_eq!(
+                            d[i].is_none(),
+                            p[i].is_none() && m[i].is_none(),
+                            "{f} at w={w}"
+                        );
+                        continue;
+                    };
+                    let Some(fd) = central(p, m, p2, m2) else {
+                        continue;
+                    };
+                    compared += 1;
+                    if !close(d, fd, 1e-5) {
+                        failures.push(format!(
+                            "{f} at w={w}, row {i}: grad {d}, finite difference {fd}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    compared
+}
+
+async fn context() -> SessionContext {
+    let ctx = datafusion_grad::session_context();
+    ctx.sql(
+        "CREATE TABLE t AS SELECT CAST(value % 3 AS INT) AS g, \
+         sin(value * 1.7) * 2 AS x, cos(value * 0.9) AS y FROM generate_series(1, 15)",
+    )
+    .await
+    .unwrap()
+    .collect()
+    .await
+    .unwrap();
+    ctx
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn aggregates_match_finite_differences() {
+    let ctx = context().await;
+    let compared = check(&ctx, AGGREGATES, |f, with_grad, w| {
+        let d = if with_grad { format!(", grad({f}, w) AS d") } else { String::new() };
+        format!(
+            "SELECT g, CAST({f} AS DOUBLE) AS f{d} FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
+             GROUP BY g, w ORDER BY g"
+        )
+    })
+    .await;
+    // 16 templates x 5 arguments x 3 points x 3 groups, less kinks and NULLs
+    assert!(compared >= 500, "only {compared} values compared");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn window_aggregates_match_finite_differences() {
+    let ctx = context().await;
+    let compared = check(&ctx, WINDOWS, |f, with_grad, w| {
+        let d = if with_grad { format!(", grad({f}, w) AS d") } else { String::new() };
+        format!(
+            "SELECT g, x, CAST({f} AS DOUBLE) AS f{d} FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
+             ORDER BY g, x"
+        )
+    })
+    .await;
+    // 4 templates x 5 arguments x 3 points x 15 rows
+    assert!(compared >= 700, "only {compared} values compared");
+}
