@@ -40,6 +40,7 @@ use crate::error::{fail, ErrorKind, GradError};
 use crate::lineage::{identity_of, AggregateRef, Scope, AGGREGATE_PREFIX};
 use crate::marker::{as_marker, Marker, MarkerKind};
 use crate::rules::aggregate::{aggregate_rule, AggregateCall, SAME_NULLS};
+use crate::tensor::Shape;
 
 /// Rewrites the markers of `node` that read aggregate outputs, adding their
 /// derivative aggregates below; `node` unchanged when none does.
@@ -127,6 +128,20 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     let (f, refs) = scope.inline_through_aggregates(call.args[0].clone(), &wrt)?;
     if refs.is_empty() {
         return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
+    }
+    for w in &wrt {
+        let t = scope.schema().qualified_field_from_column(w)?.1.data_type();
+        if Shape::is_tensor_type(t) {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "{}: differentiating through an aggregate with respect to the tensor `{w}` \
+                     is not supported; aggregate the per-row gradient instead, e.g. \
+                     tensor_avg(grad(loss, {w})) for grad(avg(loss), {w})",
+                    kind.name()
+                ),
+            );
+        }
     }
     if has_marker(&f) {
         return fail(

@@ -39,6 +39,12 @@ pub enum ErrorKind {
     /// A statement or expression cannot be exported faithfully as SQL text
     /// of the requested dialect (or the dialect is unknown).
     Unexportable,
+    /// Tensor arguments have shapes a function cannot combine (e.g. a
+    /// `matmul` of 2x3 by 4x5), or a list is not of the length asked for.
+    ShapeMismatch,
+    /// A tensor value cannot be computed with: a NULL element inside a
+    /// non-NULL tensor, or a class label outside the logits' range.
+    InvalidTensor,
 }
 
 impl ErrorKind {
@@ -53,6 +59,8 @@ impl ErrorKind {
             ErrorKind::UnsupportedType => "unsupported_type",
             ErrorKind::DerivativeTooLarge => "derivative_too_large",
             ErrorKind::Unexportable => "unexportable",
+            ErrorKind::ShapeMismatch => "shape_mismatch",
+            ErrorKind::InvalidTensor => "invalid_tensor",
         }
     }
 }

@@ -39,6 +39,7 @@ pub mod marker;
 pub mod rules;
 #[cfg(feature = "substrait")]
 pub mod substrait;
+pub mod tensor;
 
 use std::sync::{Arc, RwLock};
 
@@ -55,8 +56,9 @@ pub use rules::{Call, DerivativeRule, Partial, Rules};
 use analyzer::GradAnalyzer;
 use marker::{Marker, MarkerKind, SharedRules};
 
-/// Installs `grad`, `jvp`, `vjp`, `differentiate_sql` and the analyzer rule
-/// into `ctx`, with the built-in derivative rules.
+/// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
+/// ([`tensor`]) and the analyzer rule into `ctx`, with the built-in
+/// derivative rules.
 pub fn register(ctx: &SessionContext) {
     register_with_rules(ctx, Rules::builtin());
 }
@@ -73,6 +75,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     ctx.register_udf(ScalarUDF::new_from_impl(
         export::function::DifferentiateSql::default(),
     ));
+    tensor::register(ctx);
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
     ctx.add_optimizer_rule(Arc::new(dml::InlineUpdates));
 }

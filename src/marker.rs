@@ -34,6 +34,7 @@ use datafusion::logical_expr::{
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::rules::Rules;
+use crate::tensor::Shape;
 
 /// The rule table shared by the markers and the analyzer rule of one context.
 pub type SharedRules = Arc<RwLock<Rules>>;
@@ -245,8 +246,14 @@ impl ScalarUDFImpl for Marker {
 
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
         let positions = self.kind.wrt_positions(args.arg_fields.len())?;
-        let data_type = if self.kind == MarkerKind::Jvp || positions.len() == 1 {
-            DataType::Float64
+        // A derivative is Float64, or a Float64 tensor of the variable's
+        // shape (of f's for jvp).
+        let float =
+            |f: &FieldRef| Shape::of(f.data_type()).map_or(DataType::Float64, Shape::data_type);
+        let data_type = if self.kind == MarkerKind::Jvp {
+            float(&args.arg_fields[0])
+        } else if positions.len() == 1 {
+            float(&args.arg_fields[positions[0]])
         } else {
             let names = self.kind.struct_names(
                 positions
@@ -256,7 +263,8 @@ impl ScalarUDFImpl for Marker {
             DataType::Struct(Fields::from(
                 names
                     .into_iter()
-                    .map(|n| Field::new(n, DataType::Float64, true))
+                    .zip(&positions)
+                    .map(|(n, &p)| Field::new(n, float(&args.arg_fields[p]), true))
                     .collect::<Vec<_>>(),
             ))
         };

@@ -84,6 +84,18 @@ class UnexportableError(GradError):
     kind = "unexportable"
 
 
+class ShapeMismatchError(GradError):
+    """Tensor arguments have shapes a function cannot combine."""
+
+    kind = "shape_mismatch"
+
+
+class InvalidTensorError(GradError):
+    """A tensor holds a NULL element, or a label outside the logits' range."""
+
+    kind = "invalid_tensor"
+
+
 _BY_KIND: dict[str, type[GradError]] = {
     cls.kind: cls
     for cls in (
@@ -95,6 +107,8 @@ _BY_KIND: dict[str, type[GradError]] = {
         UnsupportedTypeError,
         DerivativeTooLargeError,
         UnexportableError,
+        ShapeMismatchError,
+        InvalidTensorError,
     )
 }
 

@@ -130,9 +130,21 @@ pub fn is_strict(shell: &Expr) -> bool {
     match shell {
         Expr::BinaryExpr(b) => is_arithmetic(b.op),
         Expr::Negative(_) | Expr::Cast(_) | Expr::TryCast(_) => true,
-        Expr::ScalarFunction(f) => STRICT_FUNCTIONS.contains(&f.func.name()),
+        Expr::ScalarFunction(f) => {
+            STRICT_FUNCTIONS.contains(&f.func.name())
+                || crate::tensor::is_tensor_function(f.func.name())
+        }
         _ => false,
     }
+}
+
+/// Whether the function `name` never raises an error, whatever its
+/// (numeric or tensor) arguments: see [`SAFE_FUNCTIONS`]. Tensor functions
+/// are safe (shapes are checked when planning), except `cross_entropy`,
+/// which refuses labels outside the logits' range.
+pub fn is_safe_function(name: &str) -> bool {
+    SAFE_FUNCTIONS.contains(&name)
+        || (crate::tensor::is_tensor_function(name) && !name.starts_with("cross_entropy"))
 }
 
 /// Functions that are SQL NULL whenever an argument is.

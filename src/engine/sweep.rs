@@ -2,14 +2,17 @@
 //! (adjoints, for `grad` and `vjp`) or forward mode (tangents, for `jvp`),
 //! with the partials of each node taken from the rule table.
 
-use datafusion::arrow::datatypes::DataType;
+use std::rc::Rc;
+
 use datafusion::common::{Column, HashMap, ScalarValue};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Operator};
 
 use super::graph::{self, NodeId};
 use super::primitive;
-use super::workspace::{to_float, Workspace};
+use super::template::{Local, Partials};
+use super::workspace::{promoted, Workspace};
+use crate::tensor::Shape;
 
 /// The state of one differentiation of the node `root`.
 pub(crate) struct Sweep<'w, 'a> {
@@ -28,7 +31,7 @@ pub(crate) type Flow = (NodeId, Option<NodeId>);
 
 /// A local partial derivative: a node, and whether it selects (is NULL on the
 /// rows where its argument is not the one selected).
-type Local = (NodeId, bool);
+type Factor = (NodeId, bool);
 
 impl<'w, 'a> Sweep<'w, 'a> {
     /// A sweep over `root` with respect to the columns `wrt`.
@@ -36,10 +39,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
         let mut wrt_ids = Vec::with_capacity(wrt.len());
         for c in wrt {
             let t = ws.columns.field(c)?.data_type().clone();
-            let mut v = Expr::Column(c.clone());
-            if t != DataType::Float64 {
-                v = to_float(v);
-            }
+            let v = promoted(Expr::Column(c.clone()), &t);
             wrt_ids.push(ws.g.intern(v, false, &mut |_| Ok(None))?);
         }
         let mut position = HashMap::with_capacity(wrt_ids.len());
@@ -67,14 +67,21 @@ impl<'w, 'a> Sweep<'w, 'a> {
         })
     }
 
+    /// The variables' nodes, in order.
+    pub(crate) fn variables(&self) -> &[NodeId] {
+        &self.wrt
+    }
+
     fn is_active(&self, id: NodeId) -> bool {
         self.active.get(id).copied().unwrap_or(false)
     }
 
     /// Reverse accumulation from the root seeded with `seed`; one flow per variable.
     pub(crate) fn reverse(&mut self, seed: Flow) -> Result<Vec<Flow>> {
-        let zero = self.ws.g.num(0.0);
-        let mut results = vec![(zero, None); self.wrt.len()];
+        let mut results = Vec::with_capacity(self.wrt.len());
+        for &w in &self.wrt.clone() {
+            results.push((self.ws.zero_like(w)?, None));
+        }
         if !self.is_active(self.root) {
             return Ok(results);
         }
@@ -84,15 +91,16 @@ impl<'w, 'a> Sweep<'w, 'a> {
             let Some(terms) = incoming.remove(&id) else {
                 continue;
             };
-            let adjoint = self.sum(terms);
+            let adjoint = self.sum(terms, id)?;
             if let Some(&k) = self.position.get(&id) {
                 results[k] = adjoint;
                 continue;
             }
             let args = self.ws.g.args(id).to_vec();
-            for (arg, partial) in args.into_iter().zip(self.partials(id)?) {
+            let (partials, values) = self.partials(id)?;
+            for (arg, partial) in args.into_iter().zip(partials.iter()) {
                 if let (true, Some(p)) = (self.is_active(arg), partial) {
-                    let term = self.product(adjoint, p)?;
+                    let term = self.apply(adjoint, p, &values, true)?;
                     incoming.entry(arg).or_default().push(term);
                 }
             }
@@ -123,23 +131,53 @@ impl<'w, 'a> Sweep<'w, 'a> {
                 continue;
             }
             let args = self.ws.g.args(id).to_vec();
+            let (partials, values) = self.partials(id)?;
             let mut terms = Vec::new();
-            for (arg, partial) in args.into_iter().zip(self.partials(id)?) {
+            for (arg, partial) in args.into_iter().zip(partials.iter()) {
                 if let (Some(&t), Some(p)) = (tangent.get(&arg), partial) {
-                    terms.push(self.product(t, p)?);
+                    terms.push(self.apply(t, p, &values, false)?);
                 }
             }
             let flow = if terms.is_empty() {
-                (self.ws.g.num(0.0), None)
+                (self.ws.zero_like(id)?, None)
             } else {
-                self.sum(terms)
+                self.sum(terms, id)?
             };
             tangent.insert(id, flow);
         }
-        Ok(tangent
-            .get(&self.root)
-            .copied()
-            .unwrap_or_else(|| (self.ws.g.num(0.0), None)))
+        match tangent.get(&self.root) {
+            Some(&flow) => Ok(flow),
+            None => Ok((self.ws.zero_like(self.root)?, None)),
+        }
+    }
+
+    /// The flow along one edge: `flow · p` for a factor, the rule's linear
+    /// map applied to `flow` (its `vjp` in reverse mode, else its `jvp`).
+    fn apply(
+        &mut self,
+        flow: Flow,
+        local: &Local,
+        values: &[NodeId],
+        reverse: bool,
+    ) -> Result<Flow> {
+        match local {
+            Local::Factor(t, selects) => {
+                let p = t.instantiate(&mut self.ws.g, values);
+                self.product(flow, (p, *selects))
+            }
+            Local::Linear { vjp, jvp } => {
+                let map = if reverse { vjp } else { jvp };
+                let mut with_flow = values.to_vec();
+                with_flow.push(flow.0);
+                let mut term = map.instantiate(&mut self.ws.g, &with_flow);
+                if let Some(g) = flow.1 {
+                    if !self.ws.is_safe(term)? {
+                        term = self.ws.case_when(g, term, None);
+                    }
+                }
+                Ok((term, flow.1))
+            }
+        }
     }
 
     /// The flow `flow · p` along one edge.
@@ -153,7 +191,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
     /// to `CASE WHEN guard THEN p IS NOT NULL ELSE false END`. Guards are built
     /// from selection conditions only, never from flows, so no flow is
     /// duplicated in the emitted expression.
-    fn product(&mut self, (flow, guard): Flow, (p, selects): Local) -> Result<Flow> {
+    fn product(&mut self, (flow, guard): Flow, (p, selects): Factor) -> Result<Flow> {
         let mut term = self.ws.g.binary(Operator::Multiply, flow, p);
         if let Some(g) = guard {
             if self.ws.g.number(term) != Some(0.0) && !self.ws.is_safe(p)? {
@@ -180,12 +218,14 @@ impl<'w, 'a> Sweep<'w, 'a> {
         Ok((term, Some(guard)))
     }
 
-    /// Sums flows; off its guard, a term counts as 0. When every term is
-    /// guarded, the sum is guarded by the union of the guards (and NULL off it).
-    fn sum(&mut self, terms: Vec<Flow>) -> Flow {
+    /// Sums flows into node `like`'s (of its shape); off its guard, a term
+    /// counts as 0. When every term is guarded, the sum is guarded by the
+    /// union of the guards (and NULL off it).
+    fn sum(&mut self, terms: Vec<Flow>, like: NodeId) -> Result<Flow> {
         if terms.len() == 1 {
-            return terms[0];
+            return Ok(terms[0]);
         }
+        let tensor = Shape::is_tensor_type(&self.ws.data_type(like)?);
         let mut guards: Vec<NodeId> = Vec::new();
         let mut all_guarded = true;
         let mut ids = Vec::with_capacity(terms.len());
@@ -195,7 +235,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
                     if !guards.contains(&g) {
                         guards.push(g);
                     }
-                    ids.push(self.ws.zero_off(g, t));
+                    ids.push(self.ws.zero_off(g, t, like)?);
                 }
                 None => {
                     all_guarded = false;
@@ -205,42 +245,45 @@ impl<'w, 'a> Sweep<'w, 'a> {
         }
         let total = ids
             .into_iter()
-            .reduce(|a, b| self.ws.g.binary(Operator::Plus, a, b))
+            .reduce(|a, b| match tensor {
+                true => self.ws.tensor_add(a, b),
+                false => self.ws.g.binary(Operator::Plus, a, b),
+            })
             .expect("at least one term");
         if !all_guarded {
-            return (total, None);
+            return Ok((total, None));
         }
         let guard = guards
             .into_iter()
             .reduce(|a, b| self.ws.g.binary(Operator::Or, a, b))
             .expect("at least one guard");
-        (self.ws.case_when(guard, total, None), Some(guard))
+        Ok((self.ws.case_when(guard, total, None), Some(guard)))
     }
 
-    /// The partial derivatives of node `id`, interned: `(node, selected)` per
-    /// argument. The rule's output is compiled once per shell and pattern of
-    /// literal arguments ([`template`]) and instantiated for each node.
-    fn partials(&mut self, id: NodeId) -> Result<Vec<Option<Local>>> {
+    /// The compiled partials of node `id` and the values they take as
+    /// arguments. The rule's output is compiled once per shell, pattern of
+    /// literal arguments and argument shapes ([`template`]) and instantiated
+    /// for each node.
+    fn partials(&mut self, id: NodeId) -> Result<(Rc<Partials>, Vec<NodeId>)> {
         let args = self.ws.g.args(id).to_vec();
         let literals: Vec<Option<f64>> = args.iter().map(|&a| self.ws.literal_value(a)).collect();
-        let shell = self.ws.g.shell(id).clone();
-        let templates = self.ws.templates(shell, literals)?;
-        // Numbers enter partials as Float64; other arguments (CASE conditions) as they are.
+        let mut shapes = Vec::with_capacity(args.len());
+        // Numbers enter partials as Float64, tensors as Float64 tensors;
+        // other arguments (CASE conditions) as they are.
         let mut values: Vec<NodeId> = Vec::with_capacity(args.len());
         for &a in &args {
-            let numeric = self
-                .ws
-                .data_type(a)
-                .is_ok_and(|t| t.is_numeric() || t == DataType::Null);
-            values.push(if numeric { self.ws.value(a)? } else { a });
+            let t = self.ws.data_type(a)?;
+            let shape = Shape::of(&t);
+            shapes.push(shape.unwrap_or(Shape::Scalar));
+            values.push(if shape.is_some() {
+                self.ws.value(a)?
+            } else {
+                a
+            });
         }
-        Ok(templates
-            .iter()
-            .map(|partial| {
-                partial
-                    .as_ref()
-                    .map(|(t, selects)| (t.instantiate(&mut self.ws.g, &values), *selects))
-            })
-            .collect())
+        let out = Shape::of(&self.ws.data_type(id)?).unwrap_or(Shape::Scalar);
+        let shell = self.ws.g.shell(id).clone();
+        let templates = self.ws.templates(shell, literals, (shapes, out))?;
+        Ok((templates, values))
     }
 }

@@ -13,6 +13,7 @@ use datafusion::logical_expr::Expr;
 use super::graph::{Graph, NodeId};
 use crate::error::{fail, ErrorKind};
 use crate::rules::{Call, Partial, ARG_PREFIX};
+use crate::tensor::Shape;
 
 /// One partial derivative over placeholder arguments `0..arity`.
 #[derive(Debug)]
@@ -23,9 +24,19 @@ pub(crate) struct Template {
     root: NodeId,
 }
 
-/// The partials of one rule application: `None` for a zero partial, else the
-/// template and whether the partial selects (see [`Partial::Selected`]).
-pub(crate) type Partials = Vec<Option<(Template, bool)>>;
+/// One compiled partial derivative.
+#[derive(Debug)]
+pub(crate) enum Local {
+    /// A factor flows are multiplied by, and whether it selects (see
+    /// [`Partial::Selected`]); over the arguments.
+    Factor(Template, bool),
+    /// A linear map ([`Partial::Linear`]): its reverse and forward forms,
+    /// over the arguments and the flow (placeholder `arity`).
+    Linear { vjp: Template, jvp: Template },
+}
+
+/// The partials of one rule application: `None` for a zero partial.
+pub(crate) type Partials = Vec<Option<Local>>;
 
 /// Compiles the partials that `rule` gives for `shell` applied to arguments
 /// that are the literals `literals[i]` where given, and anything otherwise.
@@ -33,6 +44,7 @@ pub(crate) fn compile(
     key: &str,
     shell: &Expr,
     literals: &[Option<f64>],
+    shapes: (Vec<Shape>, Shape),
     partials: impl FnOnce(&Call) -> Result<Vec<Partial>>,
 ) -> Result<Partials> {
     let arity = literals.len();
@@ -47,6 +59,8 @@ pub(crate) fn compile(
     let call = Call::new(
         symbolic.clone(),
         super::graph::fill(shell.clone(), symbolic),
+        shapes.0,
+        shapes.1,
     );
     let partials = partials(&call)?;
     if partials.len() != arity {
@@ -58,16 +72,25 @@ pub(crate) fn compile(
             ),
         );
     }
-    let mut out = Vec::with_capacity(arity);
-    for partial in partials {
-        let (expr, selects) = match partial {
-            Partial::Zero => {
-                out.push(None);
-                continue;
-            }
-            Partial::Value(e) => (e, false),
-            Partial::Selected(e) => (e, true),
-        };
+    partials
+        .into_iter()
+        .map(|partial| {
+            Ok(match partial {
+                Partial::Zero => None,
+                Partial::Value(e) => Some(Local::Factor(Template::new(key, e, arity)?, false)),
+                Partial::Selected(e) => Some(Local::Factor(Template::new(key, e, arity)?, true)),
+                Partial::Linear { vjp, jvp } => Some(Local::Linear {
+                    vjp: Template::new(key, vjp, arity + 1)?,
+                    jvp: Template::new(key, jvp, arity + 1)?,
+                }),
+            })
+        })
+        .collect()
+}
+
+impl Template {
+    /// `expr` over the placeholders `0..arity`, interned.
+    fn new(key: &str, expr: Expr, arity: usize) -> Result<Self> {
         let mut graph = Graph::new();
         for i in 0..arity {
             graph.add(Call::placeholder(i), vec![]);
@@ -84,12 +107,9 @@ pub(crate) fn compile(
             }
             _ => Ok(None),
         })?;
-        out.push(Some((Template { graph, arity, root }, selects)));
+        Ok(Self { graph, arity, root })
     }
-    Ok(out)
-}
 
-impl Template {
     /// Adds this partial to `g` with `args` as its arguments; its node.
     pub(crate) fn instantiate(&self, g: &mut Graph, args: &[NodeId]) -> NodeId {
         let mut ids: Vec<NodeId> = args[..self.arity].to_vec();

@@ -27,9 +27,14 @@ use super::{placeholder, placeholder_index, Seed};
 use crate::error::{fail, ErrorKind, GradError};
 use crate::marker::{as_marker, MarkerKind};
 use crate::rules::Rules;
+use crate::tensor::Shape;
 
 /// Prefix of the placeholder columns that stand for nested markers' derivatives.
 const NODE_PREFIX: &str = "__dfgrad_node";
+
+/// What a rule's compiled partials depend on: the shell, the literal
+/// arguments' values and the argument and output shapes.
+type TemplateKey = (Expr, Vec<Option<u64>>, Vec<Shape>, Shape);
 
 /// Derivatives under construction over one schema.
 pub struct Workspace<'a> {
@@ -40,7 +45,7 @@ pub struct Workspace<'a> {
     types: NodeMap<DataType>,
     safe: NodeMap<bool>,
     nullable: NodeMap<bool>,
-    templates: HashMap<(Expr, Vec<Option<u64>>), Rc<Partials>>,
+    templates: HashMap<TemplateKey, Rc<Partials>>,
     nulls_like: Vec<(Expr, Expr)>,
 }
 
@@ -153,24 +158,60 @@ impl<'a> Workspace<'a> {
         // Typed node by node: DataFusion's own `get_type` on a deep `f` is
         // quadratic (each level formats its arguments' names).
         let t = self.data_type(root)?;
-        if !(t.is_numeric() || t == DataType::Null) {
-            return fail(
-                ErrorKind::UnsupportedType,
-                format!("cannot differentiate `{f}`: its type is {t}, not a number"),
-            );
-        }
+        let f_shape = match Shape::of(&t) {
+            Some(s) if s.is_tensor() && matches!(seed, Seed::Grad) => {
+                return fail(
+                    ErrorKind::UnsupportedType,
+                    format!(
+                        "grad needs a number-valued f, but `{f}` is a {s}; use \
+                         vjp(f, x, u) with a cotangent u of that shape, or jvp(f, x, t)"
+                    ),
+                )
+            }
+            Some(s) => s,
+            None => {
+                return fail(
+                    ErrorKind::UnsupportedType,
+                    format!("cannot differentiate `{f}`: its type is {t}, not a number or tensor"),
+                )
+            }
+        };
         let f_nullable = self.nullable(root);
         let seeds = match &seed {
             Seed::Grad => vec![],
             Seed::Vjp(u) => vec![u.clone()],
             Seed::Jvp(tangents) => tangents.clone(),
         };
+        // The shape each seed must have: f's for a cotangent, the variable's for a tangent.
+        let mut seed_shapes = Vec::with_capacity(seeds.len());
+        for (k, s) in seeds.iter().enumerate() {
+            let want = match &seed {
+                Seed::Jvp(_) => Shape::of(self.columns.field(&wrt[k])?.data_type()),
+                _ => Some(f_shape),
+            };
+            seed_shapes.push((s.clone(), want));
+        }
         let mut seed_ids = Vec::with_capacity(seeds.len());
         let mut nullable_seeds = Vec::new();
-        for s in seeds {
+        for (s, want) in seed_shapes {
             let is_nullable = s.nullable(self.schema)?;
-            let id = self.intern(s)?;
+            let id = self.intern(s.clone())?;
             let id = self.value(id)?;
+            let got = Shape::of(&self.data_type(id)?);
+            if got != want {
+                let role = match &seed {
+                    Seed::Jvp(_) => "tangent",
+                    _ => "cotangent",
+                };
+                return fail(
+                    ErrorKind::ShapeMismatch,
+                    format!(
+                        "the {role} `{s}` is a {}, but must be a {}",
+                        got.map_or("value".to_string(), |g| g.to_string()),
+                        want.map_or("value".to_string(), |w| w.to_string())
+                    ),
+                );
+            }
             if is_nullable {
                 nullable_seeds.push(id);
             }
@@ -182,6 +223,11 @@ impl<'a> Workspace<'a> {
             like.push((self.value(seed)?, self.intern(value)?));
         }
         let mut sweep = Sweep::new(self, root, wrt)?;
+        // The node whose shape each output has: its variable, or f for jvp.
+        let likes = match seed {
+            Seed::Jvp(_) => vec![root],
+            _ => sweep.variables().to_vec(),
+        };
         let outputs = match seed {
             Seed::Grad => {
                 let one = sweep.ws.g.num(1.0);
@@ -192,17 +238,26 @@ impl<'a> Workspace<'a> {
         };
         let outputs: Vec<NodeId> = outputs
             .into_iter()
-            .map(|(id, guard)| match guard {
-                Some(guard) => self.zero_off(guard, id),
-                None => id,
+            .zip(&likes)
+            .map(|((id, guard), &like)| match guard {
+                Some(guard) => self.zero_off(guard, id, like),
+                None => Ok(id),
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let f_nulls = f_nullable.then_some(root);
         let guards = Nulls::new(self, f_nulls, &nullable_seeds, &like, &outputs);
-        let null = self.g.add(crate::rules::null(), vec![]);
+        let mut nulls = Vec::with_capacity(outputs.len());
+        for &d in &outputs {
+            let t = self.data_type(d)?;
+            nulls.push(
+                self.g
+                    .add(Expr::Literal(ScalarValue::try_from(&t)?, None), vec![]),
+            );
+        }
         Ok(outputs
             .into_iter()
-            .map(|d| {
+            .zip(nulls)
+            .map(|(d, null)| {
                 let mut null_if = None;
                 for id in guards.needed(d) {
                     let is_null = self.g.add(Expr::IsNull(Box::new(graph::hole())), vec![id]);
@@ -233,10 +288,13 @@ impl<'a> Workspace<'a> {
         &mut self,
         shell: Expr,
         literals: Vec<Option<f64>>,
+        shapes: (Vec<Shape>, Shape),
     ) -> Result<Rc<Partials>> {
         let key = (
             shell,
             literals.iter().map(|v| v.map(f64::to_bits)).collect(),
+            shapes.0,
+            shapes.1,
         );
         if let Some(t) = self.templates.get(&key) {
             return Ok(Rc::clone(t));
@@ -252,9 +310,14 @@ impl<'a> Workspace<'a> {
             .ok_or_else(|| {
                 GradError::non_differentiable(&name, "no derivative rule is registered for it")
             })?;
-        let compiled = Rc::new(template::compile(&name, &key.0, &literals, |call| {
-            rule.partials(call)
-        })?);
+        let shapes = (key.2.clone(), key.3);
+        let compiled = Rc::new(template::compile(
+            &name,
+            &key.0,
+            &literals,
+            shapes,
+            |call| rule.partials(call),
+        )?);
         self.templates.insert(key, Rc::clone(&compiled));
         Ok(compiled)
     }
@@ -342,8 +405,7 @@ impl<'a> Workspace<'a> {
                 Expr::Case(case) => case.else_expr.is_none() || any_child,
                 Expr::BinaryExpr(_) | Expr::Negative(_) | Expr::Cast(_) | Expr::Not(_) => any_child,
                 Expr::ScalarFunction(f)
-                    if f.func.name() != "nullif"
-                        && primitive::SAFE_FUNCTIONS.contains(&f.func.name()) =>
+                    if f.func.name() != "nullif" && primitive::is_safe_function(f.func.name()) =>
                 {
                     any_child
                 }
@@ -395,7 +457,7 @@ impl<'a> Workspace<'a> {
                         .and_then(|e| self.literal_value(e))
                         .is_some_and(|v| v >= 0.0)
             }
-            Expr::ScalarFunction(f) => primitive::SAFE_FUNCTIONS.contains(&f.func.name()),
+            Expr::ScalarFunction(f) => primitive::is_safe_function(f.func.name()),
             _ => false,
         })
     }
@@ -420,9 +482,29 @@ impl<'a> Workspace<'a> {
     /// `CASE WHEN guard THEN t ELSE 0.0 END`: a guarded flow, 0 off its guard.
     /// (Not `coalesce(t, 0.0)`: DataFusion's simplifier expands `coalesce`
     /// into a `CASE` that repeats `t`, doubling nested flows at every level.)
-    pub(crate) fn zero_off(&mut self, guard: NodeId, t: NodeId) -> NodeId {
-        let zero = self.g.num(0.0);
-        self.case_when(guard, t, Some(zero))
+    /// `like` gives the shape of the zero (a number, or a tensor of `like`'s shape).
+    pub(crate) fn zero_off(&mut self, guard: NodeId, t: NodeId, like: NodeId) -> Result<NodeId> {
+        let zero = self.zero_like(like)?;
+        Ok(self.case_when(guard, t, Some(zero)))
+    }
+
+    /// A zero of node `like`'s shape: `0.0`, or `zeros_like(like)` for a tensor.
+    pub(crate) fn zero_like(&mut self, like: NodeId) -> Result<NodeId> {
+        if !Shape::is_tensor_type(&self.data_type(like)?) {
+            return Ok(self.g.num(0.0));
+        }
+        let like = self.value(like)?;
+        Ok(self.tensor_call("zeros_like", vec![like]))
+    }
+
+    /// The elementwise sum of two tensor nodes.
+    pub(crate) fn tensor_add(&mut self, a: NodeId, b: NodeId) -> NodeId {
+        self.tensor_call("tensor_add", vec![a, b])
+    }
+
+    fn tensor_call(&mut self, name: &str, args: Vec<NodeId>) -> NodeId {
+        let shell = crate::tensor::call(name, vec![graph::hole(); args.len()]);
+        self.g.add(shell, args)
     }
 
     /// A numeric literal node's value as f64.
@@ -451,19 +533,22 @@ impl<'a> Workspace<'a> {
         }
     }
 
-    /// Node `id` as a Float64 value: itself, or a cast of it.
+    /// Node `id` as a Float64 value (or Float64 tensor): itself, or a cast of it.
     pub(crate) fn value(&mut self, id: NodeId) -> Result<NodeId> {
         if let Some(v) = self.literal_value(id) {
             return Ok(self.g.num(v));
         }
         let t = self.data_type(id)?;
-        match t {
-            DataType::Float64 => Ok(id),
-            t if t.is_numeric() || t == DataType::Null => {
-                let shell = to_float(Expr::Literal(ScalarValue::Null, None));
+        match Shape::of(&t) {
+            Some(shape) if shape.data_type() == t => Ok(id),
+            Some(shape) => {
+                let shell = Expr::Cast(Cast::new(
+                    Box::new(Expr::Literal(ScalarValue::Null, None)),
+                    shape.data_type(),
+                ));
                 Ok(self.g.add(shell, vec![id]))
             }
-            t => fail(
+            None => fail(
                 ErrorKind::UnsupportedType,
                 format!("a value of type {t} cannot take part in a derivative"),
             ),
@@ -485,12 +570,12 @@ fn promote_variables(
     let mut promote = HashSet::new();
     for c in wrt {
         let t = columns.field(c)?.data_type();
-        match t {
-            DataType::Float64 => {}
-            t if t.is_numeric() => {
+        match Shape::of(t) {
+            Some(s) if s.data_type() == *t => {}
+            Some(_) => {
                 promote.insert(c.clone());
             }
-            t => {
+            None => {
                 return fail(
                     ErrorKind::UnsupportedType,
                     format!("cannot differentiate with respect to `{c}` of type {t}"),
@@ -513,7 +598,10 @@ fn promote_variables(
         })?
         .data
         .transform_up(|e| match &e {
-            Expr::Column(c) if promote.contains(c) => Ok(Transformed::yes(to_float(e))),
+            Expr::Column(c) if promote.contains(c) => {
+                let t = columns.field(c)?.data_type().clone();
+                Ok(Transformed::yes(promoted(e, &t)))
+            }
             _ => match as_marker(&e).map(|m| m.kind()) {
                 Some(kind) => Ok(Transformed::yes(unpromote_wrt(kind, e, &promote))),
                 None => Ok(Transformed::no(e)),
@@ -549,7 +637,11 @@ fn is_widening(e: &Expr, target: &DataType, schema: &DFSchema) -> bool {
             || matches!(target, DataType::Decimal128(..) | DataType::Decimal256(..)))
 }
 
-/// `CAST(e AS DOUBLE)`.
-pub(crate) fn to_float(e: Expr) -> Expr {
-    Expr::Cast(Cast::new(Box::new(e), DataType::Float64))
+/// `e` (of type `t`) as a Float64 number or tensor: itself, or a cast of it.
+pub(crate) fn promoted(e: Expr, t: &DataType) -> Expr {
+    match Shape::of(t).map(Shape::data_type) {
+        Some(target) if target != *t => Expr::Cast(Cast::new(Box::new(e), target)),
+        Some(_) => e,
+        None => Expr::Cast(Cast::new(Box::new(e), DataType::Float64)),
+    }
 }

@@ -8,7 +8,15 @@
 //! like JAX's per-primitive jvp/transpose registry restricted to scalars.
 //!
 //! To find the rule for `atan2`, look in [`elementary`]; for `*` or `power`,
-//! in [`arithmetic`]; for `CASE`, `greatest`, `abs`, `CAST`, in [`piecewise`].
+//! in [`arithmetic`]; for `CASE`, `greatest`, `abs`, `CAST`, in [`piecewise`];
+//! for `matmul`, `softmax`, `cross_entropy` and the other tensor functions,
+//! in [`tensor`].
+//!
+//! A scalar primitive's partial is a number ([`Partial::Value`]) that flows
+//! are multiplied by. A tensor primitive's partial is a linear map given in
+//! both directions ([`Partial::Linear`]): its transpose applied to the
+//! output's cotangent (reverse mode) and the map applied to the argument's
+//! tangent (forward mode), each an expression over [`Call::flow`].
 //!
 //! Users add rules for their own scalar UDFs with [`Rules::insert`] or
 //! [`crate::register_rule`] (the equivalent of JAX's `custom_jvp`):
@@ -29,6 +37,7 @@ pub mod aggregate;
 pub mod arithmetic;
 pub mod elementary;
 pub mod piecewise;
+pub mod tensor;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -37,6 +46,8 @@ use std::sync::Arc;
 use datafusion::common::{Column, ScalarValue};
 use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
+
+use crate::tensor::Shape;
 
 /// One application of a primitive, as a rule sees it.
 ///
@@ -49,6 +60,8 @@ use datafusion::logical_expr::Expr;
 pub struct Call {
     args: Vec<Expr>,
     out: Expr,
+    shapes: Vec<Shape>,
+    out_shape: Shape,
 }
 
 /// The local partial derivative of a primitive's output with respect to one argument.
@@ -63,6 +76,16 @@ pub enum Partial {
     /// the engine then treats the whole path as absent, so a NaN or NULL in an
     /// unselected branch never leaks into the derivative.
     Selected(Expr),
+    /// The derivative is a linear map (a tensor primitive's Jacobian), given
+    /// as `vjp`: the argument's cotangent for the output's cotangent
+    /// [`Call::flow`], and `jvp`: the output's tangent for the argument's
+    /// tangent [`Call::flow`].
+    Linear {
+        /// Reverse mode: the cotangent contribution to the argument.
+        vjp: Expr,
+        /// Forward mode: the tangent contribution to the output.
+        jvp: Expr,
+    },
 }
 
 /// A derivative rule for one primitive.
@@ -84,9 +107,14 @@ where
 pub(crate) const ARG_PREFIX: &str = "__dfgrad_arg";
 
 impl Call {
-    /// A call of `out` whose symbolic arguments are `args`.
-    pub(crate) fn new(args: Vec<Expr>, out: Expr) -> Self {
-        Self { args, out }
+    /// A call of `out` whose symbolic arguments are `args`, of `shapes`.
+    pub(crate) fn new(args: Vec<Expr>, out: Expr, shapes: Vec<Shape>, out_shape: Shape) -> Self {
+        Self {
+            args,
+            out,
+            shapes,
+            out_shape,
+        }
     }
 
     /// The placeholder expression for argument `i`.
@@ -116,6 +144,22 @@ impl Call {
     pub fn out(&self) -> Expr {
         self.out.clone()
     }
+
+    /// The flow a [`Partial::Linear`] map is applied to: the output's
+    /// cotangent in its `vjp`, the argument's tangent in its `jvp`.
+    pub fn flow(&self) -> Expr {
+        Self::placeholder(self.args.len())
+    }
+
+    /// The shape of argument `i`.
+    pub fn shape(&self, i: usize) -> Shape {
+        self.shapes[i]
+    }
+
+    /// The shape of the output.
+    pub fn out_shape(&self) -> Shape {
+        self.out_shape
+    }
 }
 
 /// The table of derivative rules, keyed by function name or operator symbol
@@ -138,6 +182,7 @@ impl Rules {
             .iter()
             .chain(elementary::RULES)
             .chain(piecewise::RULES)
+            .chain(tensor::RULES)
         {
             rules.insert(name, *rule);
         }

@@ -18,6 +18,7 @@ use datafusion::functions::math::expr_fn::isnan;
 use datafusion::logical_expr::{when, Case, Expr};
 
 use super::{null, num, Call, Partial, RuleEntry};
+use crate::tensor::Shape;
 
 /// The piecewise rules.
 pub const RULES: &[RuleEntry] = &[
@@ -160,14 +161,22 @@ fn nanvl(c: &Call) -> Result<Vec<Partial>> {
     ])
 }
 
-/// A cast to a float type is the identity; to any other (non piecewise
-/// constant) type, such as a string, it cannot be differentiated.
+/// A cast to a float type (or of a tensor to a Float64 tensor) is the
+/// identity; to any other (non piecewise constant) type, such as a string,
+/// it cannot be differentiated.
 fn cast(c: &Call) -> Result<Vec<Partial>> {
     let target = match c.out() {
         Expr::Cast(cast) => cast.field.data_type().clone(),
         Expr::TryCast(cast) => cast.field.data_type().clone(),
         _ => DataType::Float64,
     };
+    if Shape::is_tensor_type(&target) {
+        // A tensor cast to the canonical Float64 tensor type: the identity.
+        return Ok(vec![Partial::Linear {
+            vjp: c.flow(),
+            jvp: c.flow(),
+        }]);
+    }
     if !matches!(
         target,
         DataType::Float16 | DataType::Float32 | DataType::Float64

@@ -1,0 +1,107 @@
+//! Tensor columns: vectors and matrices as Arrow fixed-size lists, with
+//! differentiable SQL functions whose kernels run over whole batches.
+//!
+//! A vector is `FixedSizeList<Float64, n>`, a matrix
+//! `FixedSizeList<FixedSizeList<Float64, c>, r>` (row-major); see [`shape`].
+//! Each function is a [`function::Spec`] (its documentation, result shape
+//! and batch kernel) in the module of its family: [`elementwise`],
+//! [`reduce`], [`linalg`], [`rowwise`], [`construct`]; `tensor_sum` and
+//! `tensor_avg` are aggregates ([`aggregate`]). Their derivative rules are in
+//! [`crate::rules::tensor`], in the same table as the scalar rules, so
+//! `grad(cross_entropy(matvec(w, x), label), w)` is a tensor of `w`'s shape.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> datafusion::error::Result<()> {
+//! let ctx = datafusion_grad::session_context();
+//! let df = ctx
+//!     .sql("SELECT grad(dot(w, w), w) AS g FROM (SELECT tensor([1.0, 2.0], 2) AS w)")
+//!     .await?;
+//! let batches = df.collect().await?;
+//! let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
+//! assert!(text.contains("[2.0, 4.0]"));
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod aggregate;
+pub mod batch;
+pub mod construct;
+pub mod elementwise;
+pub mod function;
+pub mod kernels;
+pub mod linalg;
+pub mod reduce;
+pub mod rowwise;
+pub mod shape;
+
+use std::sync::Arc;
+
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{AggregateUDF, Expr, ScalarUDF};
+use datafusion::prelude::SessionContext;
+
+pub use shape::Shape;
+
+/// Every tensor scalar function.
+pub fn functions() -> Vec<ScalarUDF> {
+    let specs = elementwise::SPECS
+        .iter()
+        .chain(reduce::SPECS)
+        .chain(linalg::SPECS)
+        .chain(rowwise::SPECS)
+        .chain(std::iter::once(&construct::RESHAPE));
+    specs
+        .map(|s| ScalarUDF::new_from_impl(function::TensorFunction::new(s)))
+        .chain(std::iter::once(ScalarUDF::new_from_impl(
+            construct::TensorConstructor::default(),
+        )))
+        .collect()
+}
+
+/// The tensor aggregates `tensor_sum` and `tensor_avg`.
+pub fn aggregates() -> Vec<AggregateUDF> {
+    vec![
+        AggregateUDF::new_from_impl(aggregate::TensorAggregate::sum()),
+        AggregateUDF::new_from_impl(aggregate::TensorAggregate::avg()),
+    ]
+}
+
+/// Registers every tensor function and aggregate in `ctx`.
+pub fn register(ctx: &SessionContext) {
+    for f in functions() {
+        ctx.register_udf(f);
+    }
+    for a in aggregates() {
+        ctx.register_udaf(a);
+    }
+}
+
+/// Whether `name` is one of the tensor scalar functions (all of them are
+/// strict — NULL when an argument is — and never raise an error on values).
+pub fn is_tensor_function(name: &str) -> bool {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    NAMES
+        .get_or_init(|| {
+            elementwise::SPECS
+                .iter()
+                .chain(reduce::SPECS)
+                .chain(linalg::SPECS)
+                .chain(rowwise::SPECS)
+                .map(|s| s.name)
+                .chain(["reshape"])
+                .collect()
+        })
+        .contains(&name)
+}
+
+/// A call of the tensor function `name` (one of [`functions`]) on `args`.
+pub fn call(name: &str, args: Vec<Expr>) -> Expr {
+    static UDFS: std::sync::OnceLock<Vec<Arc<ScalarUDF>>> = std::sync::OnceLock::new();
+    let udfs = UDFS.get_or_init(|| functions().into_iter().map(Arc::new).collect());
+    let udf = udfs
+        .iter()
+        .find(|f| f.name() == name)
+        .unwrap_or_else(|| panic!("`{name}` is not a tensor function"));
+    Expr::ScalarFunction(ScalarFunction::new_udf(Arc::clone(udf), args))
+}
