@@ -140,11 +140,13 @@ pub fn is_strict(shell: &Expr) -> bool {
 
 /// Whether the function `name` never raises an error, whatever its
 /// (numeric or tensor) arguments: see [`SAFE_FUNCTIONS`]. Tensor functions
-/// are safe (shapes are checked when planning), except `cross_entropy`,
-/// which refuses labels outside the logits' range.
+/// are safe (shapes are checked when planning), except `cross_entropy` and
+/// `one_hot`, which refuse labels outside the classes' range.
 pub fn is_safe_function(name: &str) -> bool {
     SAFE_FUNCTIONS.contains(&name)
-        || (crate::tensor::is_tensor_function(name) && !name.starts_with("cross_entropy"))
+        || (crate::tensor::is_tensor_function(name)
+            && !name.starts_with("cross_entropy")
+            && name != "one_hot")
 }
 
 /// Functions that are SQL NULL whenever an argument is.

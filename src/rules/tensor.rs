@@ -93,6 +93,8 @@ pub const RULES: &[RuleEntry] = &[
     ("tensor_step", zero),
     ("argmax", zero),
     ("zeros_like", zero),
+    ("random_tensor", zero),
+    ("one_hot", zero),
     ("fill_like", |c| {
         Ok(vec![
             Partial::Zero,

@@ -1,5 +1,6 @@
 //! Making tensors: `tensor(list, dims…)` from SQL lists (`[1.0, 2.0]`,
-//! `make_array`, `array_agg`) and `reshape(t, dims…)`.
+//! `make_array`, `array_agg`), `reshape(t, dims…)`, `random_tensor(seed,
+//! dims…)` and `one_hot(labels, classes)`.
 
 use std::sync::{Arc, OnceLock};
 
@@ -34,6 +35,78 @@ pub static RESHAPE: Spec = Spec {
     },
     eval: |b| Ok(b.per_row(|i, out| out.copy_from_slice(b.args[0].row(i)))),
 };
+
+/// `random_tensor(seed, n)` / `random_tensor(seed, rows, cols)`.
+pub static RANDOM_TENSOR: Spec = Spec {
+    name: "random_tensor",
+    description: "A tensor of pseudo-random numbers uniform in [-1, 1), a pure function of the seed (SplitMix64 of the seed and the element index): the same seed gives the same tensor on every engine run. Its derivative is 0.",
+    syntax: "random_tensor(seed, n) | random_tensor(seed, rows, cols)",
+    example: "SELECT random_tensor(42, 784, 20); -- initial weights",
+    arity: 2..=3,
+    shape: |s, literals| {
+        if s[0] != Shape::Scalar {
+            return mismatch("random_tensor", "the seed must be a number");
+        }
+        dims("random_tensor", &literals[1..])
+    },
+    eval: |b| {
+        Ok(b.per_row(|i, out| {
+            let seed = b.args[0].number(i).to_bits();
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = uniform(seed, j as u64);
+            }
+        }))
+    },
+};
+
+/// `one_hot(labels, classes)`.
+pub static ONE_HOT: Spec = Spec {
+    name: "one_hot",
+    description: "One-hot encoding of 0-based class labels: a number gives a vector of `classes`, a vector of n labels an n×classes matrix. Its derivative is 0.",
+    syntax: "one_hot(labels, classes)",
+    example: "SELECT one_hot(tensor([2.0, 0.0], 2), 3); -- [[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]",
+    arity: 2..=2,
+    shape: |s, literals| {
+        let Shape::Vector(classes) = dims("one_hot", &literals[1..])? else {
+            unreachable!("one dimension")
+        };
+        match s[0] {
+            Shape::Scalar => Ok(Shape::Vector(classes)),
+            Shape::Vector(n) => Ok(Shape::Matrix(n, classes)),
+            m => mismatch("one_hot", format!("labels must be a number or a vector, got {m}")),
+        }
+    },
+    eval: |b| {
+        let (_, classes) = b.out.rows_cols();
+        let mut out = vec![0.0; b.rows * b.out.size()];
+        for (i, o) in out.chunks_exact_mut(b.out.size()).enumerate() {
+            if b.args[0].nulls().is_some_and(|n| n.is_null(i)) {
+                continue;
+            }
+            for (row, &l) in o.chunks_exact_mut(classes).zip(b.args[0].row(i)) {
+                if !(l >= 0.0 && l.fract() == 0.0 && (l as usize) < classes) {
+                    return fail(
+                        ErrorKind::InvalidTensor,
+                        format!("one_hot: label {l} is not a class index in 0..{classes}"),
+                    );
+                }
+                row[l as usize] = 1.0;
+            }
+        }
+        Ok(out)
+    },
+};
+
+/// Element `index` of the stream of `seed`: SplitMix64, mapped to [-1, 1).
+fn uniform(seed: u64, index: u64) -> f64 {
+    let mut z = seed
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        .wrapping_add(index.wrapping_add(1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
+}
 
 /// The shape given by literal dimension arguments.
 fn dims(function: &str, literals: &[Option<&ScalarValue>]) -> Result<Shape> {
@@ -96,17 +169,18 @@ impl ScalarUDFImpl for TensorConstructor {
                 ),
             );
         }
-        let list =
-            match &arg_types[0] {
-                t if is_list_of_numbers(t) => list_of_f64(t, 1)?,
-                t if list_item(t).is_some_and(is_list_of_numbers) => list_of_f64(t, 2)?,
-                t => return fail(
+        let list = match &arg_types[0] {
+            t if is_list_of_numbers(t) => list_of_f64(t, 1)?,
+            t if list_item(t).is_some_and(is_list_of_numbers) => list_of_f64(t, 2)?,
+            t => {
+                return fail(
                     ErrorKind::UnsupportedType,
                     format!(
                         "tensor() takes a list of numbers or a list of lists of numbers, got {t}"
                     ),
-                ),
-            };
+                )
+            }
+        };
         let mut out = vec![list];
         out.extend(arg_types[1..].iter().map(|_| DataType::Int64));
         Ok(out)

@@ -50,7 +50,11 @@ pub fn functions() -> Vec<ScalarUDF> {
         .chain(reduce::SPECS)
         .chain(linalg::SPECS)
         .chain(rowwise::SPECS)
-        .chain(std::iter::once(&construct::RESHAPE));
+        .chain([
+            &construct::RESHAPE,
+            &construct::RANDOM_TENSOR,
+            &construct::ONE_HOT,
+        ]);
     specs
         .map(|s| ScalarUDF::new_from_impl(function::TensorFunction::new(s)))
         .chain(std::iter::once(ScalarUDF::new_from_impl(
@@ -89,7 +93,7 @@ pub fn is_tensor_function(name: &str) -> bool {
                 .chain(linalg::SPECS)
                 .chain(rowwise::SPECS)
                 .map(|s| s.name)
-                .chain(["reshape"])
+                .chain(["reshape", "random_tensor", "one_hot"])
                 .collect()
         })
         .contains(&name)
