@@ -197,6 +197,22 @@ async fn refusals_are_typed() {
         );
     }
 
+    // tensor functions exist only in DataFusion with datafusion-grad
+    let tensor = "SELECT grad(dot(w, w), w) FROM (SELECT tensor([1.0, 2.0], 2) AS w)";
+    for dialect in [
+        SqlDialect::Postgres,
+        SqlDialect::Sqlite,
+        SqlDialect::Generic,
+        SqlDialect::DuckDb,
+    ] {
+        assert_refused(
+            rewrite(tensor, dialect).await,
+            ErrorKind::Unexportable,
+            "tensor function",
+        );
+    }
+    assert!(rewrite(tensor, SqlDialect::DataFusion).await.is_ok());
+
     // an unknown dialect
     let err = "oracle".parse::<SqlDialect>().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unexportable);

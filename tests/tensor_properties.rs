@@ -94,7 +94,38 @@ fn cases() -> Vec<(&'static str, Vec<Arg>)> {
             "tensor_total(tensor_mul(sigmoid(matvec({0}, {1})), softmax(matvec({0}, {1}))))",
             vec![m, v],
         ),
+        // piecewise constant and constant functions: derivative 0
+        ("tensor_mul(tensor_step({0}), {1})", vec![v, v]),
+        ("scale({1}, argmax({0}))", vec![v, v]),
+        ("tensor_add(zeros_like({0}), {1})", vec![v, v]),
+        ("tensor_mul(random_tensor(3, 4), {0})", vec![v]),
+        (
+            "matmul(one_hot(tensor([0.0, 2.0, 1.0], 3), 4), {0})",
+            vec![Mat(4, 2, -2.0, 2.0)],
+        ),
     ]
+}
+
+#[test]
+fn every_tensor_rule_is_exercised() {
+    let cases = cases();
+    let calls = |name: &str| {
+        cases.iter().any(|(f, _)| {
+            f.match_indices(&format!("{name}(")).any(|(i, _)| {
+                i == 0
+                    || !f.as_bytes()[i - 1].is_ascii_alphanumeric() && f.as_bytes()[i - 1] != b'_'
+            })
+        })
+    };
+    let rules = datafusion_grad::Rules::builtin();
+    let missing: Vec<&str> = rules
+        .names()
+        .filter(|n| datafusion_grad::tensor::is_tensor_function(n) && !calls(n))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "tensor rules without a finite-difference case: {missing:?}"
+    );
 }
 
 /// Random elements for `arg`.
@@ -327,7 +358,9 @@ async fn mlp_gradient_matches_hand_backprop() {
     let act: Vec<f64> = a.iter().map(|v| v.max(0.0)).collect();
     let mut gz = vec![0.0; b * k];
     for i in 0..b {
-        let z: Vec<f64> = (0..k).map(|c| (0..h).map(|j| act[i * h + j] * w2[j * k + c]).sum()).collect();
+        let z: Vec<f64> = (0..k)
+            .map(|c| (0..h).map(|j| act[i * h + j] * w2[j * k + c]).sum())
+            .collect();
         let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let s: f64 = z.iter().map(|v| (v - m).exp()).sum();
         for c in 0..k {
@@ -358,7 +391,10 @@ async fn mlp_gradient_matches_hand_backprop() {
     for (name, ours, want) in [("w1", &r[4], &g1), ("w2", &r[5], &g2)] {
         assert_eq!(ours.len(), want.len());
         for (o, w) in ours.iter().zip(want.iter()) {
-            assert!(close(*o, *w, 1e-12), "d loss / d {name}: {ours:?} vs hand {want:?}");
+            assert!(
+                close(*o, *w, 1e-12),
+                "d loss / d {name}: {ours:?} vs hand {want:?}"
+            );
         }
     }
 }

@@ -500,12 +500,25 @@ fn insert_training_step_matches_recursive_query() {
 /// training loss falls at every reported step.
 #[test]
 fn mlp_learns_held_out_samples() {
-    let table = Table::only(&dfgrad_ok(&["--format", "csv", "-q", "-f", &example("mlp.sql")]));
+    let table = Table::only(&dfgrad_ok(&[
+        "--format",
+        "csv",
+        "-q",
+        "-f",
+        &example("mlp.sql"),
+    ]));
     assert_eq!(table.rows.len(), 11, "steps 0, 10, …, 100");
     assert_decreasing(&table, "loss");
     let first = table.rows[0][table.col("test_accuracy")];
     let last = table.last_values(&["test_accuracy", "loss"]);
-    assert!(first < 0.3, "untrained accuracy {first} should be near chance");
-    assert!(last[0] >= 0.95, "held-out accuracy after 100 steps: {}", last[0]);
+    assert!(
+        first < 0.3,
+        "untrained accuracy {first} should be near chance"
+    );
+    assert!(
+        last[0] >= 0.95,
+        "held-out accuracy after 100 steps: {}",
+        last[0]
+    );
     assert!(last[1] < 0.05, "training loss after 100 steps: {}", last[1]);
 }

@@ -56,6 +56,28 @@ fn lowerings(dialect: SqlDialect) -> &'static [(&'static str, Lowering)] {
 /// `expr`, over `schema`, with every construct `dialect` lacks rewritten.
 pub(crate) fn lower(expr: Expr, schema: &DFSchema, dialect: SqlDialect) -> Result<Expr> {
     let lowered = expr.transform_up(|e| lower_one(e, schema, dialect))?.data;
+    if dialect != SqlDialect::DataFusion {
+        lowered.apply(|e| {
+            let name = match e {
+                Expr::ScalarFunction(f) => f.func.name(),
+                Expr::AggregateFunction(a) => a.func.name(),
+                _ => return Ok(TreeNodeRecursion::Continue),
+            };
+            if !crate::tensor::is_tensor_function(name)
+                && !matches!(name, "tensor" | "tensor_sum" | "tensor_avg")
+            {
+                return Ok(TreeNodeRecursion::Continue);
+            }
+            Err(GradError::new(
+                ErrorKind::Unexportable,
+                format!(
+                    "the tensor function `{name}` for {dialect}, which has no tensor columns \
+                     (tensor queries export only to DataFusion with datafusion-grad)"
+                ),
+            )
+            .into())
+        })?;
+    }
     if !matches!(dialect, SqlDialect::DataFusion | SqlDialect::DuckDb) {
         lowered.apply(|e| match e {
             Expr::ScalarFunction(f) if f.func.name() == "named_struct" => Err(GradError::new(
