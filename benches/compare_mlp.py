@@ -90,13 +90,14 @@ def dfgrad_path(given):
 
 def run_ours(dfgrad, steps_list, repeat):
     """Elapsed seconds of the training statement for each step count, and losses."""
-    args = [dfgrad, "--format", "ndjson", "-c", DATA]
+    args = [dfgrad, "-c", DATA]
     for _ in range(repeat):
         for steps in steps_list:
             args += ["-c", TRAIN.format(steps=steps)]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    done = subprocess.run(args, capture_output=True, text=True, check=True)
+    out = done.stdout + "\n" + done.stderr  # timings are printed on stderr
     elapsed = [float(m) for m in re.findall(r"Elapsed ([0-9.]+) seconds", out)][1:]
-    losses = [json.loads(line)["loss"] for line in out.splitlines() if line.startswith('{"step"')]
+    losses = [float(m) for m in re.findall(r"^\|\s*\d+\s*\|\s*([-0-9.eE]+)\s*\|$", out, re.M)]
     times = {s: [] for s in steps_list}
     for i, t in enumerate(elapsed):
         times[steps_list[i % len(steps_list)]].append(t)

@@ -48,7 +48,7 @@ pub static SPECS: &[Spec] = &[
         example: "SELECT logsumexp(tensor([0.0, 0.0], 2)); -- 0.6931471805599453",
         arity: 1..=1,
         shape: |s, _| row_reduced("logsumexp", s[0]),
-        eval: |b| Ok(rows_reduce(b, |z| logsumexp(z))),
+        eval: |b| Ok(rows_reduce(b, logsumexp)),
     },
     Spec {
         name: "row_dot",
