@@ -2,12 +2,12 @@
 """The 784-20-10 MLP of examples/mlp.sql, side by side with NumPy (issue 6).
 
 One gradient-descent step on a batch of 2,000 samples of 784 features: the
-forward pass `relu(x @ w1) @ w2`, softmax cross-entropy, and the gradients
-with respect to w1 (784x20) and w2 (20x10), then the update. Timed in
+forward pass `relu(x @ w1 + b1) @ w2 + b2`, softmax cross-entropy, and the
+gradients with respect to w1 (784x20), b1 (20), w2 (20x10) and b2 (10), then
+the update. Timed in
 
   * ours:  dfgrad, the recursive query of examples/mlp.sql restricted to one
-           batch, `grad(cross_entropy(matmul(relu(matmul(x, w1)), w2), y), w1)`
-           and `... w2)`; the data table is created first (not timed) and the
+           batch: `grad(cross_entropy(logits, y), w1, b1, w2, b2)`; the data table is created first (not timed) and the
            time of the training statement is the `Elapsed` line dfgrad prints.
            The per-step time is `(t(steps + 3) - t(3)) / steps`, which removes
            planning and the fixed cost of the query; the table also gives the
@@ -59,17 +59,23 @@ FROM labels CROSS JOIN prototypes;
 """
 
 TRAIN = """
-WITH RECURSIVE train(step, w1, w2) AS (
-  SELECT 0, scale(random_tensor(1, 784, 20), 0.1), scale(random_tensor(2, 20, 10), 0.5)
+WITH RECURSIVE train(step, w1, b1, w2, b2) AS (
+  SELECT 0, scale(random_tensor(1, 784, 20), 0.1), zeros_like(random_tensor(3, 20)),
+            scale(random_tensor(2, 20, 10), 0.5), zeros_like(random_tensor(4, 10))
   UNION ALL
   SELECT step + 1,
-         tensor_sub(w1, scale(tensor_avg(grad(cross_entropy(matmul(relu(matmul(x, w1)), w2), y), w1)), 0.5)),
-         tensor_sub(w2, scale(tensor_avg(grad(cross_entropy(matmul(relu(matmul(x, w1)), w2), y), w2)), 0.5))
-  FROM train CROSS JOIN mnist_like
-  WHERE step < {steps}
-  GROUP BY step, w1, w2
+         tensor_sub(w1, scale(tensor_avg(g['w1']), 0.5)),
+         tensor_sub(b1, scale(tensor_avg(g['b1']), 0.5)),
+         tensor_sub(w2, scale(tensor_avg(g['w2']), 0.5)),
+         tensor_sub(b2, scale(tensor_avg(g['b2']), 0.5))
+  FROM (SELECT step, w1, b1, w2, b2,
+               grad(cross_entropy(tensor_add(matmul(relu(tensor_add(matmul(x, w1), b1)), w2), b2), y),
+                    w1, b1, w2, b2) AS g
+        FROM train CROSS JOIN mnist_like
+        WHERE step < {steps})
+  GROUP BY step, w1, b1, w2, b2
 )
-SELECT step, cross_entropy(matmul(relu(matmul(x, w1)), w2), y) AS loss
+SELECT step, cross_entropy(tensor_add(matmul(relu(tensor_add(matmul(x, w1), b1)), w2), b2), y) AS loss
 FROM train CROSS JOIN mnist_like WHERE step = {steps};
 """
 
@@ -112,10 +118,10 @@ def export_data(dfgrad):
             np.array(row["w1"]), np.array(row["w2"]))
 
 
-def numpy_step(x, y, w1, w2, lr=0.5):
-    a = x @ w1
+def numpy_step(x, y, w1, b1, w2, b2, lr=0.5):
+    a = x @ w1 + b1
     h = np.maximum(a, 0.0)
-    z = h @ w2
+    z = h @ w2 + b2
     z = z - z.max(axis=1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=1, keepdims=True)
@@ -124,11 +130,11 @@ def numpy_step(x, y, w1, w2, lr=0.5):
     g2 = h.T @ gz
     ga = (gz @ w2.T) * (a > 0)
     g1 = x.T @ ga
-    return w1 - lr * g1, w2 - lr * g2
+    return w1 - lr * g1, b1 - lr * ga.sum(axis=0), w2 - lr * g2, b2 - lr * gz.sum(axis=0)
 
 
-def numpy_loss(x, y, w1, w2):
-    z = np.maximum(x @ w1, 0.0) @ w2
+def numpy_loss(x, y, w1, b1, w2, b2):
+    z = np.maximum(x @ w1 + b1, 0.0) @ w2 + b2
     m = z.max(axis=1, keepdims=True)
     lse = (m + np.log(np.exp(z - m).sum(axis=1, keepdims=True)))[:, 0]
     return float(np.mean(lse - z[np.arange(len(y)), y]))
@@ -143,25 +149,26 @@ def main():
     dfgrad = dfgrad_path(args.dfgrad)
 
     x, y, w1, w2 = export_data(dfgrad)
+    params = (w1, np.zeros(20), w2, np.zeros(10))
     short, long = 3, 3 + args.steps
     times, losses = run_ours(dfgrad, [short, long], args.repeat)
     ours_step = (times[long] - times[short]) / args.steps
 
     np_times = []
     for _ in range(args.repeat):
-        a, b = w1.copy(), w2.copy()
+        p = tuple(q.copy() for q in params)
         t = time.perf_counter()
         for _ in range(long):
-            a, b = numpy_step(x, y, a, b)
+            p = numpy_step(x, y, *p)
         np_times.append((time.perf_counter() - t) / long)
     np_step = statistics.median(np_times)
-    a, b = w1.copy(), w2.copy()
+    p = params
     for _ in range(short):
-        a, b = numpy_step(x, y, a, b)
-    np_loss_short = numpy_loss(x, y, a, b)
+        p = numpy_step(x, y, *p)
+    np_loss_short = numpy_loss(x, y, *p)
     for _ in range(long - short):
-        a, b = numpy_step(x, y, a, b)
-    np_loss_long = numpy_loss(x, y, a, b)
+        p = numpy_step(x, y, *p)
+    np_loss_long = numpy_loss(x, y, *p)
 
     print(f"dfgrad: {dfgrad}")
     print("| | ours | NumPy (1 thread) | ours / NumPy |")

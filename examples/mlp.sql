@@ -10,11 +10,13 @@
 -- batches of 2,000 (0-2 for training, 3 held out): one row per batch holding
 -- a 2000×784 matrix `x` and a vector of 2,000 labels `y`.
 --
--- Model (no bias terms): logits = relu(x · w1) · w2, w1 784×20, w2 20×10;
+-- Model: logits = relu(x · w1 + b1) · w2 + b2, w1 784×20, b1 20, w2 20×10,
+-- b2 10 (a bias vector is added to every row of a matrix);
 -- loss = cross_entropy(logits, y), softmax cross-entropy averaged over a
--- batch. Each step averages the batches' gradients with tensor_avg and moves
--- the parameters against them (learning rate 0.5). grad(loss, w1) is a 784×20
--- tensor computed in reverse mode through matmul, relu and cross_entropy.
+-- batch. One grad(loss, w1, b1, w2, b2) gives all four gradients (tensors of
+-- the parameters' shapes) in one reverse sweep through matmul, relu and
+-- cross_entropy; each step averages the batches' gradients with tensor_avg
+-- and moves the parameters against them (learning rate 0.5).
 -- The result shows the training loss and the held-out accuracy every 10 steps.
 --
 --   cargo run --release --bin dfgrad -- -f examples/mlp.sql
@@ -36,23 +38,33 @@ SELECT batch,
        y
 FROM labels CROSS JOIN prototypes;
 
-WITH RECURSIVE train(step, w1, w2) AS (
-  SELECT 0, scale(random_tensor(1, 784, 20), 0.1), scale(random_tensor(2, 20, 10), 0.5)
+WITH RECURSIVE train(step, w1, b1, w2, b2) AS (
+  SELECT 0, scale(random_tensor(1, 784, 20), 0.1), zeros_like(random_tensor(3, 20)),
+            scale(random_tensor(2, 20, 10), 0.5), zeros_like(random_tensor(4, 10))
   UNION ALL
   SELECT step + 1,
-         tensor_sub(w1, scale(tensor_avg(grad(cross_entropy(matmul(relu(matmul(x, w1)), w2), y), w1)), 0.5)),
-         tensor_sub(w2, scale(tensor_avg(grad(cross_entropy(matmul(relu(matmul(x, w1)), w2), y), w2)), 0.5))
+         tensor_sub(w1, scale(tensor_avg(g['w1']), 0.5)),
+         tensor_sub(b1, scale(tensor_avg(g['b1']), 0.5)),
+         tensor_sub(w2, scale(tensor_avg(g['w2']), 0.5)),
+         tensor_sub(b2, scale(tensor_avg(g['b2']), 0.5))
+  FROM (SELECT step, w1, b1, w2, b2,
+               grad(cross_entropy(tensor_add(matmul(relu(tensor_add(matmul(x, w1), b1)), w2), b2), y),
+                    w1, b1, w2, b2) AS g
+        FROM train CROSS JOIN mnist_like
+        WHERE step < 100 AND batch < 3)
+  GROUP BY step, w1, b1, w2, b2
+),
+scored AS (
+  SELECT step, batch, y,
+         tensor_add(matmul(relu(tensor_add(matmul(x, w1), b1)), w2), b2) AS logits
   FROM train CROSS JOIN mnist_like
-  WHERE step < 100 AND batch < 3
-  GROUP BY step, w1, w2
+  WHERE step % 10 = 0
 )
 SELECT step,
-       avg(cross_entropy(matmul(relu(matmul(x, w1)), w2), y)) FILTER (WHERE batch < 3) AS loss,
-       avg(1.0 - tensor_mean(tensor_step(tensor_mul(
-             tensor_sub(argmax(matmul(relu(matmul(x, w1)), w2)), y),
-             tensor_sub(argmax(matmul(relu(matmul(x, w1)), w2)), y)))))
+       avg(cross_entropy(logits, y)) FILTER (WHERE batch < 3) AS loss,
+       avg(1.0 - tensor_mean(tensor_step(tensor_mul(tensor_sub(argmax(logits), y),
+                                                    tensor_sub(argmax(logits), y)))))
          FILTER (WHERE batch = 3) AS test_accuracy
-FROM train CROSS JOIN mnist_like
-WHERE step % 10 = 0
+FROM scored
 GROUP BY step
 ORDER BY step;

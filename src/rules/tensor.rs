@@ -15,7 +15,8 @@
 //!
 //! and so on for every entry of [`RULES`]. A number broadcast against a
 //! tensor (`tensor_add(t, 1.0)`) receives the sum of its elements'
-//! cotangents. Functions that are piecewise constant (`argmax`,
+//! cotangents; a vector broadcast over a matrix's rows (a bias) the sum of
+//! the rows' (`col_sum`). Functions that are piecewise constant (`argmax`,
 //! `tensor_step`) or constant (`zeros_like`) have zero partials. The fused
 //! helper products (`softmax_vjp`, `cross_entropy_grad`, …) have no rules, so
 //! differentiating through a derivative of `softmax`, `log_softmax`,
@@ -115,6 +116,12 @@ pub const RULES: &[RuleEntry] = &[
         Ok(vec![linear(
             f("fill_like", [c.arg(0), c.flow() / n]),
             f("tensor_mean", [c.flow()]),
+        )])
+    }),
+    ("col_sum", |c| {
+        Ok(vec![linear(
+            f("tensor_add", [f("zeros_like", [c.arg(0)]), c.flow()]),
+            f("col_sum", [c.flow()]),
         )])
     }),
     ("norm", |c| {
@@ -293,12 +300,13 @@ fn diagonal(c: &Call, d: Expr) -> Result<Vec<Partial>> {
 }
 
 /// The cotangent `g` of a broadcast operation's output as argument `i`'s:
-/// summed over the elements when the argument is a number and the output a tensor.
+/// summed over the elements when the argument is a number and the output a
+/// tensor, over the rows when it is a vector and the output a matrix.
 fn unbroadcast(c: &Call, i: usize, g: Expr) -> Expr {
-    if c.shape(i) == Shape::Scalar && c.out_shape().is_tensor() {
-        f("tensor_total", [g])
-    } else {
-        g
+    match (c.shape(i), c.out_shape()) {
+        (Shape::Scalar, out) if out.is_tensor() => f("tensor_total", [g]),
+        (Shape::Vector(_), Shape::Matrix(..)) => f("col_sum", [g]),
+        _ => g,
     }
 }
 
@@ -311,10 +319,12 @@ fn sum_arg(c: &Call, i: usize, negated: bool) -> Partial {
             e
         }
     };
-    let jvp = if c.shape(i) == Shape::Scalar && c.out_shape().is_tensor() {
-        f("fill_like", [c.out(), c.flow()])
-    } else {
-        c.flow()
+    let jvp = match (c.shape(i), c.out_shape()) {
+        (Shape::Scalar, out) if out.is_tensor() => f("fill_like", [c.out(), c.flow()]),
+        (Shape::Vector(_), Shape::Matrix(..)) => {
+            f("tensor_add", [f("zeros_like", [c.out()]), c.flow()])
+        }
+        _ => c.flow(),
     };
     Partial::Linear {
         vjp: unbroadcast(c, i, signed(c.flow())),

@@ -1,6 +1,6 @@
-//! Elementwise tensor functions: arithmetic between tensors of one shape or
-//! a tensor and a number (broadcast), `scale`, the unary maps, and
-//! `fill_like`/`zeros_like`.
+//! Elementwise tensor functions: arithmetic between tensors of one shape, a
+//! tensor and a number, or a matrix and a vector added to each of its rows
+//! (broadcast), `scale`, the unary maps, and `fill_like`/`zeros_like`.
 
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
@@ -13,7 +13,7 @@ use super::shape::Shape;
 pub static SPECS: &[Spec] = &[
     Spec {
         name: "tensor_add",
-        description: "Elementwise a + b of two tensors of one shape, or of a tensor and a number.",
+        description: "Elementwise a + b of two tensors of one shape, a tensor and a number, or a matrix and a vector of its row length (each row).",
         syntax: "tensor_add(a, b)",
         example: "SELECT tensor_add(tensor([1.0, 2.0], 2), 10.0); -- [11.0, 12.0]",
         arity: 2..=2,
@@ -22,7 +22,7 @@ pub static SPECS: &[Spec] = &[
     },
     Spec {
         name: "tensor_sub",
-        description: "Elementwise a - b of two tensors of one shape, or of a tensor and a number.",
+        description: "Elementwise a - b of two tensors of one shape, a tensor and a number, or a matrix and a vector of its row length (each row).",
         syntax: "tensor_sub(a, b)",
         example: "SELECT tensor_sub(tensor([1.0, 2.0], 2), tensor([0.5, 0.5], 2)); -- [0.5, 1.5]",
         arity: 2..=2,
@@ -31,7 +31,7 @@ pub static SPECS: &[Spec] = &[
     },
     Spec {
         name: "tensor_mul",
-        description: "Elementwise (Hadamard) product of two tensors of one shape, or of a tensor and a number.",
+        description: "Elementwise (Hadamard) product of two tensors of one shape, a tensor and a number, or a matrix and a vector of its row length (each row).",
         syntax: "tensor_mul(a, b)",
         example: "SELECT tensor_mul(tensor([1.0, 2.0], 2), tensor([3.0, 4.0], 2)); -- [3.0, 8.0]",
         arity: 2..=2,
@@ -40,7 +40,7 @@ pub static SPECS: &[Spec] = &[
     },
     Spec {
         name: "tensor_div",
-        description: "Elementwise a / b of two tensors of one shape, or of a tensor and a number (IEEE: x/0 is ±inf or NaN).",
+        description: "Elementwise a / b of two tensors of one shape, a tensor and a number, or a matrix and a vector of its row length (each row) (IEEE: x/0 is ±inf or NaN).",
         syntax: "tensor_div(a, b)",
         example: "SELECT tensor_div(tensor([1.0, 2.0], 2), 4.0); -- [0.25, 0.5]",
         arity: 2..=2,
@@ -170,12 +170,19 @@ fn broadcast_shape<const OP: usize>(s: &[Shape], _: &[Option<&ScalarValue>]) -> 
     broadcast(NAMES[OP], s[0], s[1])
 }
 
-/// The common shape of two elementwise operands: equal shapes, or a number
-/// with anything.
+/// The common shape of two elementwise operands: equal shapes, a number with
+/// anything, or a matrix with a vector of its row length (applied to each
+/// row, like NumPy's broadcasting of a bias).
 pub fn broadcast(function: &str, a: Shape, b: Shape) -> Result<Shape> {
     match (a, b) {
         (a, b) if a == b => Ok(a),
         (Shape::Scalar, t) | (t, Shape::Scalar) => Ok(t),
+        (m @ Shape::Matrix(_, c), Shape::Vector(n))
+        | (Shape::Vector(n), m @ Shape::Matrix(_, c))
+            if c == n =>
+        {
+            Ok(m)
+        }
         (a, b) => mismatch(function, format!("cannot combine {a} and {b} elementwise")),
     }
 }
@@ -210,6 +217,22 @@ fn binary(
         return Ok(b.per_row(|i, out| same(x.row(i), y.row(i), out)));
     }
     Ok(match (x.shape, y.shape) {
+        (Shape::Matrix(_, c), Shape::Vector(_)) => b.per_row(|i, out| {
+            let v = y.row(i);
+            for (o, m) in out.chunks_exact_mut(c).zip(x.row(i).chunks_exact(c)) {
+                for ((o, &p), &q) in o.iter_mut().zip(m).zip(v) {
+                    *o = op(p, q);
+                }
+            }
+        }),
+        (Shape::Vector(_), Shape::Matrix(_, c)) => b.per_row(|i, out| {
+            let v = x.row(i);
+            for (o, m) in out.chunks_exact_mut(c).zip(y.row(i).chunks_exact(c)) {
+                for ((o, &p), &q) in o.iter_mut().zip(v).zip(m) {
+                    *o = op(p, q);
+                }
+            }
+        }),
         (_, Shape::Scalar) => b.per_row(|i, out| {
             let s = y.number(i);
             for (o, &v) in out.iter_mut().zip(x.row(i)) {

@@ -1,5 +1,6 @@
-//! Tensor reductions to a number: `tensor_total`, `tensor_mean`, `norm`,
-//! `dot`, and the (piecewise constant) `argmax`.
+//! Tensor reductions: to a number (`tensor_total`, `tensor_mean`, `norm`,
+//! `dot`), over a matrix's rows (`col_sum`), and the piecewise constant
+//! `argmax`.
 
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
@@ -57,6 +58,25 @@ pub static SPECS: &[Spec] = &[
             _ => unreachable!("arity checked"),
         },
         eval: |b| Ok(b.per_row(|i, out| out[0] = kernels::dot(b.args[0].row(i), b.args[1].row(i)))),
+    },
+    Spec {
+        name: "col_sum",
+        description: "The sum of a matrix's rows: a vector with one total per column (the cotangent of a vector broadcast over the rows).",
+        syntax: "col_sum(m)",
+        example: "SELECT col_sum(tensor([1.0, 2.0, 3.0, 4.0], 2, 2)); -- [4.0, 6.0]",
+        arity: 1..=1,
+        shape: |s, _| match s[0] {
+            Shape::Matrix(_, c) => Ok(Shape::Vector(c)),
+            a => mismatch("col_sum", format!("needs a matrix, got {a}")),
+        },
+        eval: |b| {
+            let (_, c) = b.args[0].shape.rows_cols();
+            Ok(b.per_row(|i, out| {
+                for row in b.args[0].row(i).chunks_exact(c) {
+                    kernels::axpy(1.0, row, out);
+                }
+            }))
+        },
     },
     Spec {
         name: "argmax",
