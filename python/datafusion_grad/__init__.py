@@ -12,6 +12,10 @@ shape: aggregates, recursive CTEs (whole training loops in one query), DML.
 >>> dg.differentiate_sql("sin(x) * y", "x", dialect="postgres")
 '(y * cos(x))'
 
+Tensor columns (vectors and matrices, with differentiable ``matmul``,
+``softmax``, ``cross_entropy``, ...) convert from and to NumPy with
+:mod:`datafusion_grad.tensor`.
+
 For the stock ``datafusion`` package, :func:`install` adds grad/jvp/vjp, the
 table function ``grad_query`` and a differentiating query planner to a
 ``datafusion.SessionContext``.
@@ -19,7 +23,7 @@ table function ``grad_query`` and a differentiating query planner to a
 
 from __future__ import annotations
 
-from . import errors
+from . import errors, tensor
 from ._internal import differentiate_sql as _differentiate_sql
 from .context import SessionContext
 from .dataframe import DataFrame
@@ -66,4 +70,5 @@ __all__ = [
     "errors",
     "install",
     "rewrite_sql",
+    "tensor",
 ]

@@ -28,6 +28,16 @@ CASES = [
         "SELECT grad(avg(x) OVER (ORDER BY w) * w, w) FROM t",
         "PARTITION BY",
     ),
+    (
+        errors.ShapeMismatchError,
+        "SELECT dot(tensor([x, w], 2), tensor([x, w, x], 3)) FROM t",
+        "vector[2]",
+    ),
+    (
+        errors.InvalidTensorError,
+        "SELECT cross_entropy(tensor([x, w], 2), 7) FROM t",
+        "label 7",
+    ),
 ]
 
 
@@ -81,6 +91,8 @@ def test_hierarchy():
         "unsupported_type",
         "derivative_too_large",
         "unexportable",
+        "shape_mismatch",
+        "invalid_tensor",
     }
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.DataFusionGradError)
