@@ -24,9 +24,6 @@ from typing import Any
 
 from . import _internal
 
-MARKERS = ("grad", "jvp", "vjp")
-
-
 class GradExtension:
     """The extension bundle for ``datafusion.SessionContext.with_extensions``:
     the by-reference codecs (plans cross the FFI boundary as references to
@@ -48,8 +45,8 @@ class GradExtension:
 
 
 def install(ctx: Any, planner: bool = True) -> Any:
-    """Installs grad/jvp/vjp and ``grad_query`` into the session of a stock
-    ``datafusion.SessionContext``, and (unless ``planner=False``) the
+    """Installs grad/jvp/vjp, the tensor functions and ``grad_query`` into
+    the session of a stock ``datafusion.SessionContext``, and (unless ``planner=False``) the
     differentiating query planner with its codecs (:class:`GradExtension`).
     Returns ``ctx``. The codecs belong to a context *handle*: ``ctx`` is
     switched to the handle carrying them; other handles on the same session
@@ -79,8 +76,10 @@ def install(ctx: Any, planner: bool = True) -> Any:
             f"datafusion_grad.SessionContext has everything already (got {type(ctx).__name__})"
         )
         raise TypeError(msg)
-    for name in MARKERS:
-        ctx.register_udf(datafusion.udf(_internal.MarkerFunction(name)))
+    for name in _internal.ScalarFunction.names():
+        ctx.register_udf(datafusion.udf(_internal.ScalarFunction(name)))
+    for name in _internal.AggregateFunction.names():
+        ctx.register_udaf(datafusion.udaf(_internal.AggregateFunction(name)))
     ctx.register_udtf(datafusion.udtf(_internal.GradQueryFunction(), "grad_query"))
     if planner:
         # with_extensions returns a new handle on the same session; the

@@ -30,7 +30,8 @@ fn differentiate_sql(expr: &str, wrt: &str, dialect: &str) -> PyResult<String> {
 fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PySessionContext>()?;
     m.add_class::<dataframe::PyDataFrame>()?;
-    m.add_class::<interop::PyMarkerFunction>()?;
+    m.add_class::<interop::PyScalarFunction>()?;
+    m.add_class::<interop::PyAggregateFunction>()?;
     m.add_class::<interop::PyGradQuery>()?;
     m.add_class::<interop::PyGradPlanner>()?;
     m.add_class::<interop::PyByReferenceCodec>()?;

@@ -124,7 +124,7 @@ def test_grad_query_refusals(ctx):
 
 def test_without_the_planner_grad_never_computes():
     ctx = datafusion.SessionContext()
-    ctx.register_udf(datafusion.udf(_internal.MarkerFunction("grad")))
+    ctx.register_udf(datafusion.udf(_internal.ScalarFunction("grad")))
     ctx.from_pydict({"x": [1.0]}, name="t")
     with pytest.raises(Exception, match="marker_reached_execution.*datafusion_grad.install"):
         ctx.sql("SELECT grad(x * x, x) FROM t").collect()
@@ -162,4 +162,29 @@ def test_install_checks_its_argument():
     with pytest.raises(TypeError, match="stock datafusion.SessionContext"):
         dg.install(dg.SessionContext())
     with pytest.raises(TypeError, match="grad, jvp, vjp"):
-        _internal.MarkerFunction("hess")
+        _internal.ScalarFunction("hess")
+    with pytest.raises(TypeError, match="tensor_sum or tensor_avg"):
+        _internal.AggregateFunction("sum")
+
+
+def test_tensor_functions_from_arrow_data():
+    import numpy as np
+    import pyarrow as pa
+
+    ctx = dg.install(datafusion.SessionContext())
+    w = np.array([[[1.0, 2.0], [3.0, 4.0]], [[0.5, -1.0], [2.0, 0.0]]])
+    x = np.array([[1.0, -1.0], [2.0, 3.0]])
+    ctx.from_arrow(pa.table({"w": dg.tensor.to_arrow(w), "x": dg.tensor.to_arrow(x)}), name="t")
+    out = ctx.sql(
+        "SELECT grad(tensor_total(matvec(w, x)), w) AS gw, "
+        "grad(dot(matvec(w, x), matvec(w, x)), x) AS gx FROM t"
+    ).to_arrow_table()
+    # d/dw sum(w x) = 1 xᵀ per row; d/dx |w x|² = 2 wᵀ w x
+    expected_gw = np.stack([np.outer(np.ones(2), r) for r in x])
+    expected_gx = np.stack([2 * m.T @ m @ r for m, r in zip(w, x)])
+    got = {tuple(r.ravel()) for r in dg.tensor.to_numpy(out["gw"])}
+    assert got == {tuple(r.ravel()) for r in expected_gw}
+    got = {tuple(r) for r in dg.tensor.to_numpy(out["gx"])}
+    assert got == {tuple(r) for r in expected_gx}
+    mean = ctx.sql("SELECT tensor_avg(x) AS m FROM t").to_arrow_table()["m"]
+    np.testing.assert_array_equal(dg.tensor.to_numpy(mean), [[1.5, 1.0]])

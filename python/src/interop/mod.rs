@@ -23,6 +23,7 @@ use datafusion_ffi::execution::FFI_TaskContextProvider;
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::proto::physical_extension_codec::FFI_PhysicalExtensionCodec;
 use datafusion_ffi::query_planner::FFI_QueryPlanner;
+use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 use datafusion_ffi::udtf::FFI_TableFunction;
 use pyo3::exceptions::PyTypeError;
@@ -42,26 +43,42 @@ use planner::GradPlanner;
 /// The SQL functions that differentiate.
 const MARKERS: [&str; 3] = ["grad", "jvp", "vjp"];
 
-/// One of `grad`, `jvp`, `vjp` as a `datafusion_scalar_udf` capsule, so the
-/// stock SQL planner accepts calls to it.
-#[pyclass(name = "MarkerFunction", module = "datafusion_grad._internal", frozen)]
-pub struct PyMarkerFunction {
+/// One of datafusion_grad's scalar functions (`grad`, `jvp`, `vjp` or a
+/// tensor function such as `matmul`) as a `datafusion_scalar_udf` capsule, so
+/// the stock SQL planner accepts calls to it.
+#[pyclass(name = "ScalarFunction", module = "datafusion_grad._internal", frozen)]
+pub struct PyScalarFunction {
     name: String,
 }
 
 #[pymethods]
-impl PyMarkerFunction {
-    /// The marker `name` (`grad`, `jvp` or `vjp`).
+impl PyScalarFunction {
+    /// The function `name`.
     #[new]
     fn new(name: &str) -> PyResult<Self> {
-        if !MARKERS.contains(&name) {
+        if !Self::names().iter().any(|n| n == name) {
             return Err(PyTypeError::new_err(format!(
-                "no differentiation function {name:?}; expected one of grad, jvp, vjp"
+                "no datafusion_grad scalar function {name:?}; expected grad, jvp, vjp or a \
+                 tensor function"
             )));
         }
         Ok(Self {
             name: name.to_string(),
         })
+    }
+
+    /// Every name `ScalarFunction` accepts: the markers, then the tensor functions.
+    #[staticmethod]
+    fn names() -> Vec<String> {
+        MARKERS
+            .iter()
+            .map(|m| m.to_string())
+            .chain(
+                datafusion_grad::tensor::functions()
+                    .iter()
+                    .map(|f| f.name().to_string()),
+            )
+            .collect()
     }
 
     /// The capsule stock datafusion-python imports (`udf(obj)`).
@@ -75,6 +92,54 @@ impl PyMarkerFunction {
             .udf(&self.name)
             .map_err(crate::errors::to_py)?;
         capsule::export(py, FFI_ScalarUDF::from(udf), "datafusion_scalar_udf")
+    }
+}
+
+/// `tensor_sum` or `tensor_avg` as a `datafusion_aggregate_udf` capsule.
+#[pyclass(
+    name = "AggregateFunction",
+    module = "datafusion_grad._internal",
+    frozen
+)]
+pub struct PyAggregateFunction {
+    name: String,
+}
+
+#[pymethods]
+impl PyAggregateFunction {
+    /// The aggregate `name`.
+    #[new]
+    fn new(name: &str) -> PyResult<Self> {
+        if !Self::names().iter().any(|n| n == name) {
+            return Err(PyTypeError::new_err(format!(
+                "no datafusion_grad aggregate {name:?}; expected tensor_sum or tensor_avg"
+            )));
+        }
+        Ok(Self {
+            name: name.to_string(),
+        })
+    }
+
+    /// Every name `AggregateFunction` accepts.
+    #[staticmethod]
+    fn names() -> Vec<String> {
+        datafusion_grad::tensor::aggregates()
+            .iter()
+            .map(|a| a.name().to_string())
+            .collect()
+    }
+
+    /// The capsule stock datafusion-python imports (`udaf(obj)`).
+    #[pyo3(signature = (*_args))]
+    fn __datafusion_aggregate_udf__<'py>(
+        &self,
+        py: Python<'py>,
+        _args: Bound<'py, pyo3::types::PyTuple>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let udaf = datafusion_grad::session_context()
+            .udaf(&self.name)
+            .map_err(crate::errors::to_py)?;
+        capsule::export(py, FFI_AggregateUDF::from(udaf), "datafusion_aggregate_udf")
     }
 }
 
