@@ -182,18 +182,14 @@ impl<'a> Workspace<'a> {
             Seed::Vjp(u) => vec![u.clone()],
             Seed::Jvp(tangents) => tangents.clone(),
         };
-        // The shape each seed must have: f's for a cotangent, the variable's for a tangent.
-        let mut seed_shapes = Vec::with_capacity(seeds.len());
-        for (k, s) in seeds.iter().enumerate() {
+        let mut seed_ids = Vec::with_capacity(seeds.len());
+        let mut nullable_seeds = Vec::new();
+        for (k, s) in seeds.into_iter().enumerate() {
+            // f's shape for a cotangent, the variable's for a tangent
             let want = match &seed {
                 Seed::Jvp(_) => Shape::of(self.columns.field(&wrt[k])?.data_type()),
                 _ => Some(f_shape),
             };
-            seed_shapes.push((s.clone(), want));
-        }
-        let mut seed_ids = Vec::with_capacity(seeds.len());
-        let mut nullable_seeds = Vec::new();
-        for (s, want) in seed_shapes {
             let is_nullable = s.nullable(self.schema)?;
             let id = self.intern(s.clone())?;
             let id = self.value(id)?;
@@ -541,11 +537,8 @@ impl<'a> Workspace<'a> {
         let t = self.data_type(id)?;
         match Shape::of(&t) {
             Some(shape) if shape.data_type() == t => Ok(id),
-            Some(shape) => {
-                let shell = Expr::Cast(Cast::new(
-                    Box::new(Expr::Literal(ScalarValue::Null, None)),
-                    shape.data_type(),
-                ));
+            Some(_) => {
+                let shell = promoted(Expr::Literal(ScalarValue::Null, None), &t);
                 Ok(self.g.add(shell, vec![id]))
             }
             None => fail(

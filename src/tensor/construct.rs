@@ -15,7 +15,7 @@ use datafusion::logical_expr::{
 };
 
 use super::batch::build;
-use super::function::{mismatch, Spec};
+use super::function::{class_indices, mismatch, Spec};
 use super::shape::Shape;
 use crate::error::{fail, ErrorKind, GradError};
 
@@ -80,17 +80,12 @@ pub static ONE_HOT: Spec = Spec {
         let (_, classes) = b.out.rows_cols();
         let mut out = vec![0.0; b.rows * b.out.size()];
         for (i, o) in out.chunks_exact_mut(b.out.size()).enumerate() {
-            if b.args[0].nulls().is_some_and(|n| n.is_null(i)) {
+            if !b.is_valid(i) {
                 continue;
             }
-            for (row, &l) in o.chunks_exact_mut(classes).zip(b.args[0].row(i)) {
-                if !(l >= 0.0 && l.fract() == 0.0 && (l as usize) < classes) {
-                    return fail(
-                        ErrorKind::InvalidTensor,
-                        format!("one_hot: label {l} is not a class index in 0..{classes}"),
-                    );
-                }
-                row[l as usize] = 1.0;
+            let labels = class_indices("one_hot", b.args[0].row(i), classes)?;
+            for (row, l) in o.chunks_exact_mut(classes).zip(labels) {
+                row[l] = 1.0;
             }
         }
         Ok(out)

@@ -28,6 +28,13 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// Whether row `i` is non-NULL in every argument.
+    pub fn is_valid(&self, i: usize) -> bool {
+        self.args
+            .iter()
+            .all(|a| a.nulls().is_none_or(|n| n.is_valid(i)))
+    }
+
     /// Runs `f(row, args' rows, out row)` for each row into a new buffer.
     pub fn per_row(&self, mut f: impl FnMut(usize, &mut [f64])) -> Vec<f64> {
         let size = self.out.size();
@@ -214,6 +221,24 @@ impl ScalarUDFImpl for TensorFunction {
             .build()
         }))
     }
+}
+
+/// `labels` as 0-based class indices below `classes`, or an
+/// `invalid_tensor` error of `function` naming the first that is not one.
+pub fn class_indices(function: &str, labels: &[f64], classes: usize) -> Result<Vec<usize>> {
+    labels
+        .iter()
+        .map(|&l| {
+            if l >= 0.0 && l.fract() == 0.0 && (l as usize) < classes {
+                Ok(l as usize)
+            } else {
+                fail(
+                    ErrorKind::InvalidTensor,
+                    format!("{function}: label {l} is not a class index in 0..{classes}"),
+                )
+            }
+        })
+        .collect()
 }
 
 /// A shape error of `function`.

@@ -43,9 +43,9 @@ use datafusion::prelude::SessionContext;
 
 pub use shape::Shape;
 
-/// Every tensor scalar function.
-pub fn functions() -> Vec<ScalarUDF> {
-    let specs = elementwise::SPECS
+/// The specs of every tensor scalar function but the `tensor` constructor.
+fn specs() -> impl Iterator<Item = &'static function::Spec> {
+    elementwise::SPECS
         .iter()
         .chain(reduce::SPECS)
         .chain(linalg::SPECS)
@@ -54,8 +54,12 @@ pub fn functions() -> Vec<ScalarUDF> {
             &construct::RESHAPE,
             &construct::RANDOM_TENSOR,
             &construct::ONE_HOT,
-        ]);
-    specs
+        ])
+}
+
+/// Every tensor scalar function.
+pub fn functions() -> Vec<ScalarUDF> {
+    specs()
         .map(|s| ScalarUDF::new_from_impl(function::TensorFunction::new(s)))
         .chain(std::iter::once(ScalarUDF::new_from_impl(
             construct::TensorConstructor::default(),
@@ -84,19 +88,7 @@ pub fn register(ctx: &SessionContext) {
 /// Whether `name` is one of the tensor scalar functions (all of them are
 /// strict — NULL when an argument is — and never raise an error on values).
 pub fn is_tensor_function(name: &str) -> bool {
-    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
-    NAMES
-        .get_or_init(|| {
-            elementwise::SPECS
-                .iter()
-                .chain(reduce::SPECS)
-                .chain(linalg::SPECS)
-                .chain(rowwise::SPECS)
-                .map(|s| s.name)
-                .chain(["reshape", "random_tensor", "one_hot"])
-                .collect()
-        })
-        .contains(&name)
+    specs().any(|s| s.name == name)
 }
 
 /// A call of the tensor function `name` (one of [`functions`]) on `args`.

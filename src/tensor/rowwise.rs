@@ -6,10 +6,9 @@
 use datafusion::common::ScalarValue;
 use datafusion::error::Result;
 
-use super::function::{mismatch, Batch, Spec};
+use super::function::{class_indices, mismatch, Batch, Spec};
 use super::kernels;
 use super::shape::Shape;
-use crate::error::{fail, ErrorKind};
 
 /// The row-wise functions.
 pub static SPECS: &[Spec] = &[
@@ -143,10 +142,10 @@ pub static SPECS: &[Spec] = &[
             let (r, c) = b.args[0].shape.rows_cols();
             let mut out = vec![0.0; b.rows];
             for (i, o) in out.iter_mut().enumerate() {
-                if !valid(b, i) {
+                if !b.is_valid(i) {
                     continue;
                 }
-                let labels = labels(b, i, c)?;
+                let labels = class_indices("cross_entropy", b.args[1].row(i), c)?;
                 let z = b.args[0].row(i);
                 let total: f64 = z.chunks_exact(c).zip(&labels).map(|(row, &l)| logsumexp(row) - row[l]).sum();
                 *o = total / r as f64;
@@ -166,10 +165,10 @@ pub static SPECS: &[Spec] = &[
             let size = r * c;
             let mut out = vec![0.0; b.rows * size];
             for (i, o) in out.chunks_exact_mut(size).enumerate() {
-                if !valid(b, i) {
+                if !b.is_valid(i) {
                     continue;
                 }
-                let labels = labels(b, i, c)?;
+                let labels = class_indices("cross_entropy", b.args[1].row(i), c)?;
                 for ((orow, z), &l) in o.chunks_exact_mut(c).zip(b.args[0].row(i).chunks_exact(c)).zip(&labels) {
                     let m = kernels::max(z);
                     kernels::map(z, orow, |v| (v - m).exp());
@@ -231,31 +230,6 @@ fn labels_shape(function: &str, s: &[Shape]) -> Result<Shape> {
         );
     }
     Ok(want)
-}
-
-/// Whether row `i` is non-NULL in every argument.
-fn valid(b: &Batch, i: usize) -> bool {
-    b.args
-        .iter()
-        .all(|a| a.nulls().is_none_or(|n| n.is_valid(i)))
-}
-
-/// The labels of row `i`, checked to be class indices below `classes`.
-fn labels(b: &Batch, i: usize, classes: usize) -> Result<Vec<usize>> {
-    b.args[1]
-        .row(i)
-        .iter()
-        .map(|&l| {
-            if l >= 0.0 && l.fract() == 0.0 && (l as usize) < classes {
-                Ok(l as usize)
-            } else {
-                fail(
-                    ErrorKind::InvalidTensor,
-                    format!("cross_entropy: label {l} is not a class index in 0..{classes}"),
-                )
-            }
-        })
-        .collect()
 }
 
 /// `f(row, out row)` along the last axis of argument 0, into a tensor of its shape.
