@@ -45,6 +45,10 @@ pub enum ErrorKind {
     /// A tensor value cannot be computed with: a NULL element inside a
     /// non-NULL tensor, or a class label outside the logits' range.
     InvalidTensor,
+    /// The tensor device setting asks for a device this process cannot
+    /// use: `datafusion_grad.tensor_device = 'gpu'` in a build without the
+    /// `cuda` feature, or where no CUDA driver or device was found.
+    DeviceUnavailable,
 }
 
 impl ErrorKind {
@@ -61,6 +65,7 @@ impl ErrorKind {
             ErrorKind::Unexportable => "unexportable",
             ErrorKind::ShapeMismatch => "shape_mismatch",
             ErrorKind::InvalidTensor => "invalid_tensor",
+            ErrorKind::DeviceUnavailable => "device_unavailable",
         }
     }
 }

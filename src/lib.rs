@@ -30,12 +30,14 @@
 pub mod aggregates;
 pub mod analyzer;
 mod bindings;
+pub mod broadcast;
 pub mod dml;
 pub mod engine;
 pub mod error;
 pub mod export;
 pub mod lineage;
 pub mod marker;
+pub mod options;
 pub mod rules;
 #[cfg(feature = "substrait")]
 pub mod substrait;
@@ -45,6 +47,7 @@ use std::sync::{Arc, RwLock};
 
 use datafusion::error::Result;
 use datafusion::execution::context::SessionConfig;
+use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::ScalarUDF;
 use datafusion::prelude::SessionContext;
@@ -57,8 +60,8 @@ use analyzer::GradAnalyzer;
 use marker::{Marker, MarkerKind, SharedRules};
 
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
-/// ([`tensor`]) and the analyzer rule into `ctx`, with the built-in
-/// derivative rules.
+/// ([`tensor`]), the analyzer rule and the planner rules ([`dml`],
+/// [`broadcast`]) into `ctx`, with the built-in derivative rules.
 pub fn register(ctx: &SessionContext) {
     register_with_rules(ctx, Rules::builtin());
 }
@@ -76,8 +79,14 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
         export::function::DifferentiateSql::default(),
     ));
     tensor::register(ctx);
+    options::register(ctx);
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
     ctx.add_optimizer_rule(Arc::new(dml::InlineUpdates));
+    let state = ctx.state_ref();
+    let mut state = state.write();
+    *state = SessionStateBuilder::new_from_existing(state.clone())
+        .with_physical_optimizer_rule(Arc::new(broadcast::BroadcastAggregate))
+        .build();
 }
 
 /// A new [`SessionContext`] with everything installed.

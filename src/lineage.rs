@@ -15,7 +15,9 @@ use std::collections::HashMap;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema};
 use datafusion::error::Result;
-use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan};
+use datafusion::logical_expr::expr::BinaryExpr;
+use datafusion::logical_expr::utils::split_conjunction;
+use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan, Operator, Subquery};
 
 use crate::error::{fail, ErrorKind};
 
@@ -262,7 +264,7 @@ impl<'p> Scope<'p> {
                 inliner.resolve(&origin, c, true)
             }
             Expr::ScalarSubquery(sq) => {
-                inliner.check_subquery(&sq.outer_ref_columns)?;
+                inliner.check_subquery(sq)?;
                 Ok(Transformed::no(e))
             }
             _ => Ok(Transformed::no(e)),
@@ -442,21 +444,84 @@ impl<'p> Inliner<'_, 'p> {
         }
     }
 
-    /// Refuses a scalar subquery correlated with a variable.
-    fn check_subquery(&self, outer_refs: &[Expr]) -> Result<()> {
-        for r in outer_refs {
-            if let Expr::OuterReferenceColumn(_, c) = r {
-                if self.wrt.values().any(|w| w == c) {
-                    return fail(
-                        ErrorKind::NeedsPlanContext,
-                        format!(
-                            "a scalar subquery depends on the variable `{c}` through an outer \
-                             reference; differentiating through subqueries is not supported yet"
-                        ),
-                    );
-                }
+    /// Checks a scalar subquery correlated with a variable. DataFusion 55
+    /// executes a correlated scalar subquery only when each outer reference
+    /// is one side of an equality in a filter (it becomes a join key); there
+    /// the result is piecewise constant in the variable (a lookup by key,
+    /// like a `CASE` condition), so its derivative is 0 and the subquery is
+    /// a constant. Any other use of the variable inside the subquery is a
+    /// shape DataFusion 55 cannot run at all: refused, saying so.
+    fn check_subquery(&self, subquery: &Subquery) -> Result<()> {
+        for r in &subquery.outer_ref_columns {
+            let Expr::OuterReferenceColumn(_, c) = r else {
+                continue;
+            };
+            if !self.wrt.values().any(|w| w == c) {
+                continue;
+            }
+            if let Some(used) = value_use_of_outer(&subquery.subquery, c)? {
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "a scalar subquery uses the variable `{c}` through an outer reference in \
+                         `{used}`; DataFusion 55 cannot execute a correlated scalar subquery \
+                         that uses an outer column anywhere but in an equality predicate \
+                         (`WHERE inner = outer`), with or without grad; write it as a join \
+                         grouped by the variable instead, e.g. \
+                         `SELECT {name}, grad(avg(f), {name}) FROM outer_table CROSS JOIN \
+                         inner_table GROUP BY {name}`",
+                        name = c.name
+                    ),
+                );
             }
         }
         Ok(())
     }
+}
+
+/// The first expression in `plan` (or its subqueries) that uses the outer
+/// column `c` other than as one side of an equality conjunct of a filter.
+fn value_use_of_outer(plan: &LogicalPlan, c: &Column) -> Result<Option<Expr>> {
+    let is_outer = |e: &Expr| matches!(e, Expr::OuterReferenceColumn(_, o) if o == c);
+    let uses = |e: &Expr| {
+        let mut found = false;
+        e.apply(|n| {
+            found |= is_outer(n);
+            Ok(if found {
+                TreeNodeRecursion::Stop
+            } else {
+                TreeNodeRecursion::Continue
+            })
+        })
+        .map(|_| found)
+    };
+    let mut offending = None;
+    plan.apply_with_subqueries(|node| {
+        let exprs: Vec<Expr> = match node {
+            LogicalPlan::Filter(filter) => split_conjunction(&filter.predicate)
+                .into_iter()
+                .filter(|conjunct| match conjunct {
+                    Expr::BinaryExpr(BinaryExpr {
+                        left,
+                        op: Operator::Eq,
+                        right,
+                    }) => {
+                        !((is_outer(left) && !uses(right).unwrap_or(true))
+                            || (is_outer(right) && !uses(left).unwrap_or(true)))
+                    }
+                    _ => true,
+                })
+                .cloned()
+                .collect(),
+            other => other.expressions(),
+        };
+        for e in exprs {
+            if uses(&e)? {
+                offending = Some(e);
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(offending)
 }

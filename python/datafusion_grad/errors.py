@@ -96,6 +96,13 @@ class InvalidTensorError(GradError):
     kind = "invalid_tensor"
 
 
+class DeviceUnavailableError(GradError):
+    """``datafusion_grad.tensor_device = 'gpu'`` was set, but no GPU can be
+    used: a build without the ``cuda`` feature, or no CUDA driver or device."""
+
+    kind = "device_unavailable"
+
+
 _BY_KIND: dict[str, type[GradError]] = {
     cls.kind: cls
     for cls in (
@@ -109,6 +116,7 @@ _BY_KIND: dict[str, type[GradError]] = {
         UnexportableError,
         ShapeMismatchError,
         InvalidTensorError,
+        DeviceUnavailableError,
     )
 }
 

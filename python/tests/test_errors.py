@@ -93,6 +93,7 @@ def test_hierarchy():
         "unexportable",
         "shape_mismatch",
         "invalid_tensor",
+        "device_unavailable",
     }
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.DataFusionGradError)

@@ -13,6 +13,7 @@ use datafusion::logical_expr::{
 
 use super::batch::{build, union_nulls, TensorArg};
 use super::shape::Shape;
+use super::Device;
 use crate::error::{fail, ErrorKind};
 
 /// What a kernel sees: the arguments over one batch and the result shape.
@@ -25,6 +26,9 @@ pub struct Batch {
     pub rows: usize,
     /// Literal arguments (e.g. `reshape`'s dimensions), by position.
     pub literals: Vec<Option<ScalarValue>>,
+    /// Where matrix products may run (the session's
+    /// `datafusion_grad.tensor_device`); other kernels ignore it.
+    pub device: Device,
 }
 
 impl Batch {
@@ -198,6 +202,7 @@ impl ScalarUDFImpl for TensorFunction {
             out,
             rows,
             literals,
+            device: Device::of(&args.config_options),
         };
         let values = (self.spec.eval)(&batch)?;
         debug_assert_eq!(values.len(), rows * out.size());

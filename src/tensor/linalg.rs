@@ -1,10 +1,15 @@
 //! Linear algebra: `matvec`, `vecmat`, `matmul` (and its transposed forms
 //! `matmul_tn`, `matmul_nt`, used by its derivative), `transpose`, `outer`.
-//! Matrix products run on the blocked GEMM of [`super::kernels`].
+//! Matrix products run on the blocked GEMM of [`super::kernels`], or on
+//! cuBLAS ([`super::cuda`], cargo feature `cuda`) as the session's
+//! `datafusion_grad.tensor_device` setting chooses ([`products`]).
 
-use super::function::{mismatch, Spec};
+use datafusion::error::Result;
+
+use super::function::{mismatch, Batch, Spec};
 use super::kernels;
 use super::shape::Shape;
+use super::Device;
 
 /// The linear-algebra functions.
 pub static SPECS: &[Spec] = &[
@@ -54,7 +59,7 @@ pub static SPECS: &[Spec] = &[
         eval: |b| {
             let (m, k) = b.args[0].shape.rows_cols();
             let (_, n) = b.args[1].shape.rows_cols();
-            Ok(b.per_row(|i, out| kernels::gemm(m, n, k, b.args[0].row(i), b.args[1].row(i), out, false)))
+            products(b, Form::NN, m, n, k)
         },
     },
     Spec {
@@ -71,7 +76,7 @@ pub static SPECS: &[Spec] = &[
         eval: |b| {
             let (k, m) = b.args[0].shape.rows_cols();
             let (_, n) = b.args[1].shape.rows_cols();
-            Ok(b.per_row(|i, out| kernels::gemm_tn(m, n, k, b.args[0].row(i), b.args[1].row(i), out, false)))
+            products(b, Form::TN, m, n, k)
         },
     },
     Spec {
@@ -88,7 +93,7 @@ pub static SPECS: &[Spec] = &[
         eval: |b| {
             let (m, k) = b.args[0].shape.rows_cols();
             let (n, _) = b.args[1].shape.rows_cols();
-            Ok(b.per_row(|i, out| kernels::gemm_nt(m, n, k, b.args[0].row(i), b.args[1].row(i), out, false)))
+            products(b, Form::NT, m, n, k)
         },
     },
     Spec {
@@ -120,3 +125,98 @@ pub static SPECS: &[Spec] = &[
         eval: |b| Ok(b.per_row(|i, out| kernels::outer(b.args[0].row(i), b.args[1].row(i), out))),
     },
 ];
+
+/// Which operand of a matrix product C (m×n) = op(A)·op(B) is stored
+/// transposed; every matrix is row-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Form {
+    /// `matmul`: C = A·B, A stored m×k, B stored k×n.
+    NN,
+    /// `matmul_tn`: C = Aᵀ·B, A stored k×m, B stored k×n.
+    TN,
+    /// `matmul_nt`: C = A·Bᵀ, A stored m×k, B stored n×k.
+    NT,
+}
+
+impl Form {
+    /// C = op(A)·op(B) on the CPU kernels (overwriting `c`).
+    pub fn cpu(self, m: usize, n: usize, k: usize, a: &[f64], b: &[f64], c: &mut [f64]) {
+        match self {
+            Form::NN => kernels::gemm(m, n, k, a, b, c, false),
+            Form::TN => kernels::gemm_tn(m, n, k, a, b, c, false),
+            Form::NT => kernels::gemm_nt(m, n, k, a, b, c, false),
+        }
+    }
+}
+
+/// The smallest product (m·n·k multiply-adds) that `auto` sends to the GPU:
+/// 2^24 multiply-adds are ~34 MFLOP, about a millisecond for the CPU GEMM on
+/// a few cores, so a GPU call's fixed cost (launches, a synchronisation and
+/// the transfers' latency: tens of microseconds) is small beside it. An
+/// estimate, not yet measured on a GPU.
+pub const GPU_MIN_WORK: usize = 1 << 24;
+
+/// The least multiply-adds per matrix element moved to or from the GPU that
+/// `auto` asks for: operands and result cross PCIe (~25 GB/s, ~3 G doubles/s)
+/// on every call, while the CPU GEMM does ~25-50 G multiply-adds/s, so below
+/// ~8-16 per element the copies alone take longer than the CPU product (e.g.
+/// an m×1 by 1×n outer product is never worth it). An estimate, not yet
+/// measured on a GPU. The MLP's 2000×784 by 784×20 product has ~19.
+pub const GPU_MIN_INTENSITY: usize = 16;
+
+/// Whether `auto` would run an m×k by k×n product on the GPU (when one is
+/// present): large enough, and enough arithmetic per element copied.
+pub fn gpu_worthwhile(m: usize, n: usize, k: usize) -> bool {
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let moved = m
+        .saturating_mul(k)
+        .saturating_add(k.saturating_mul(n))
+        .saturating_add(m.saturating_mul(n));
+    work >= GPU_MIN_WORK && work / GPU_MIN_INTENSITY >= moved
+}
+
+/// The products of every row of `b` (the two arguments of `matmul`,
+/// `matmul_tn` or `matmul_nt`, in `form`), on the device that
+/// `b.device` chooses.
+fn products(b: &Batch, form: Form, m: usize, n: usize, k: usize) -> Result<Vec<f64>> {
+    match b.device {
+        Device::Cpu => {}
+        Device::Gpu => return gpu_products(b, form, m, n, k),
+        Device::Auto => {
+            #[cfg(feature = "cuda")]
+            if gpu_worthwhile(m, n, k) && super::cuda::available() {
+                // A GPU failure here (e.g. out of device memory) falls back
+                // to the CPU: `auto` promises a result, not a device.
+                if let Ok(values) = gpu_products(b, form, m, n, k) {
+                    return Ok(values);
+                }
+            }
+        }
+    }
+    let (a, x) = (&b.args[0], &b.args[1]);
+    Ok(b.per_row(|i, out| form.cpu(m, n, k, a.row(i), x.row(i), out)))
+}
+
+/// The products of every row of `b` on the GPU (batched cuBLAS calls).
+#[cfg(feature = "cuda")]
+fn gpu_products(b: &Batch, form: Form, m: usize, n: usize, k: usize) -> Result<Vec<f64>> {
+    use super::cuda::Operand;
+    fn operand(arg: &super::batch::TensorArg, rows: usize) -> Operand<'_> {
+        match arg.column() {
+            Some(values) => Operand::Rows(&values[..rows * arg.shape.size()]),
+            None => Operand::Every(arg.row(0)),
+        }
+    }
+    let (a, x) = (operand(&b.args[0], b.rows), operand(&b.args[1], b.rows));
+    super::cuda::gemm_batched(form, m, n, k, b.rows, a, x)
+}
+
+/// Without the `cuda` feature there is no GPU: `gpu` is refused.
+#[cfg(not(feature = "cuda"))]
+fn gpu_products(_: &Batch, _: Form, _: usize, _: usize, _: usize) -> Result<Vec<f64>> {
+    crate::error::fail(
+        crate::error::ErrorKind::DeviceUnavailable,
+        "datafusion_grad.tensor_device is 'gpu', but datafusion-grad was built without the cuda \
+         feature (rebuild with `--features cuda`, or SET datafusion_grad.tensor_device = 'auto')",
+    )
+}
