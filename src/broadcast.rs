@@ -114,16 +114,19 @@ impl Step {
                     .iter()
                     .map(|e| e.evaluate(&batch)?.into_array(rows))
                     .collect::<Result<Vec<_>>>()?;
-                let options = RecordBatchOptions::new().with_row_count(Some(rows));
-                Ok(RecordBatch::try_new_with_options(
-                    Arc::clone(schema),
-                    columns,
-                    &options,
-                )?)
+                batch_of(Arc::clone(schema), columns, rows)
             }
             Step::Filter(predicate) => batch_filter(&batch, predicate),
         }
     }
+}
+
+/// A batch of `rows` rows (also when it has no columns).
+fn batch_of(schema: SchemaRef, columns: Vec<ArrayRef>, rows: usize) -> Result<RecordBatch> {
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
+    Ok(RecordBatch::try_new_with_options(
+        schema, columns, &options,
+    )?)
 }
 
 impl fmt::Display for Step {
@@ -326,12 +329,7 @@ impl Left {
             columns.push(ScalarValue::try_from_array(column, row)?.to_array_of_size(rows)?);
         }
         columns.extend(right.columns().iter().cloned());
-        let options = RecordBatchOptions::new().with_row_count(Some(rows));
-        Ok(RecordBatch::try_new_with_options(
-            Arc::clone(schema),
-            columns,
-            &options,
-        )?)
+        batch_of(Arc::clone(schema), columns, rows)
     }
 }
 
@@ -427,12 +425,7 @@ impl Pass {
                 });
             }
         }
-        let options = RecordBatchOptions::new().with_row_count(Some(emitted.len()));
-        Ok(RecordBatch::try_new_with_options(
-            self.aggregate.schema(),
-            columns,
-            &options,
-        )?)
+        batch_of(self.aggregate.schema(), columns, emitted.len())
     }
 }
 
