@@ -316,6 +316,16 @@ pub(crate) fn session_over(session: &dyn Session) -> SessionContext {
         .build();
     let ctx = SessionContext::new_with_state(state);
     datafusion_grad::register(&ctx);
+    // Only the caller's configuration extensions: DataFusion 55's
+    // FFI_ConfigOptions lists an extension's entries without their prefix
+    // (e.g. `tensor_device`), so a session carrying our `datafusion_grad`
+    // settings fails every FFI round trip with "could not find config
+    // namespace". Without them the settings take their defaults.
+    ctx.state_ref()
+        .write()
+        .config_mut()
+        .options_mut()
+        .extensions = session.config().options().extensions.clone();
     // The caller's own functions (e.g. its Python UDFs) plan too; ours and
     // DataFusion's built-ins stay native.
     for udf in session.scalar_functions().values() {
