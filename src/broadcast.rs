@@ -173,6 +173,8 @@ struct Pass {
     keys: Vec<usize>,
     /// The schema of the group keys.
     key_schema: SchemaRef,
+    /// Each aggregate's argument expressions.
+    arguments: Vec<Vec<Arc<dyn PhysicalExpr>>>,
 }
 
 /// A `Partial` or `Single` hash aggregate over a cross join whose group keys
@@ -265,6 +267,11 @@ impl BroadcastAggregateExec {
             steps,
             keys,
             key_schema,
+            arguments: aggregate
+                .aggr_expr()
+                .iter()
+                .map(|a| a.expressions())
+                .collect(),
         };
         Ok(Some(Self::new(
             Arc::new(pass),
@@ -357,7 +364,6 @@ impl Pass {
         if right.num_rows() == 0 {
             return Ok(());
         }
-        let aggregates = self.aggregate.aggr_expr();
         let filters = self.aggregate.filter_expr();
         for row in 0..left.batch.num_rows() {
             let mut batch = left.join(row, right, &self.join_schema)?;
@@ -369,17 +375,16 @@ impl Pass {
             }
             let group = left.group_of[row];
             groups.seen[group] = true;
-            for ((accumulator, aggregate), filter) in groups.accumulators[group]
+            for ((accumulator, arguments), filter) in groups.accumulators[group]
                 .iter_mut()
-                .zip(aggregates)
+                .zip(&self.arguments)
                 .zip(filters)
             {
                 let input = match filter {
                     Some(filter) => batch_filter(&batch, filter)?,
                     None => batch.clone(),
                 };
-                let values = aggregate
-                    .expressions()
+                let values = arguments
                     .iter()
                     .map(|e| e.evaluate(&input)?.into_array(input.num_rows()))
                     .collect::<Result<Vec<_>>>()?;

@@ -29,6 +29,8 @@
 
 pub mod aggregates;
 pub mod analyzer;
+#[cfg(feature = "ballista")]
+pub mod ballista;
 mod bindings;
 pub mod broadcast;
 pub mod dml;

@@ -483,18 +483,7 @@ impl<'p> Inliner<'_, 'p> {
 /// column `c` other than as one side of an equality conjunct of a filter.
 fn value_use_of_outer(plan: &LogicalPlan, c: &Column) -> Result<Option<Expr>> {
     let is_outer = |e: &Expr| matches!(e, Expr::OuterReferenceColumn(_, o) if o == c);
-    let uses = |e: &Expr| {
-        let mut found = false;
-        e.apply(|n| {
-            found |= is_outer(n);
-            Ok(if found {
-                TreeNodeRecursion::Stop
-            } else {
-                TreeNodeRecursion::Continue
-            })
-        })
-        .map(|_| found)
-    };
+    let uses = |e: &Expr| e.exists(|n| Ok(is_outer(n)));
     let mut offending = None;
     plan.apply_with_subqueries(|node| {
         let exprs: Vec<Expr> = match node {

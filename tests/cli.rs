@@ -104,6 +104,39 @@ fn table_from_csv_file() {
 }
 
 #[test]
+fn table_from_a_directory_of_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("part-0.csv"), "x,y\n1.0,2.0\n").unwrap();
+    std::fs::write(dir.path().join("part-1.csv"), "x,y\n3.0,4.0\n").unwrap();
+    let table = format!("points={}", path_str(dir.path()));
+    let sql = "SELECT x, grad(x*y, x) AS dx FROM points ORDER BY x";
+    let out = dfgrad_ok(&["--table", &table, "--format", "csv", "-c", sql]);
+    assert_eq!(out, "x,dx\n1.0,2.0\n3.0,4.0\n");
+
+    // a directory without a file of a known format is refused
+    let empty = tempfile::tempdir().unwrap();
+    std::fs::write(empty.path().join("notes.txt"), "x\n").unwrap();
+    let table = format!("points={}", path_str(empty.path()));
+    let (_, err) = dfgrad_err(&["--table", &table, "-c", "SELECT 1"]);
+    assert!(err.contains("unsupported file extension ''"), "{err}");
+}
+
+#[test]
+fn ballista_errors_are_clear() {
+    let (_, err) = dfgrad_err(&["--ballista", "df://127.0.0.1:1", "-c", "SELECT 1"]);
+    assert!(err.starts_with("Error: "), "{err}");
+    if cfg!(feature = "ballista") {
+        // nothing listens on port 1
+        assert!(err.contains("127.0.0.1:1"), "{err}");
+    } else {
+        assert!(
+            err.contains("--ballista needs dfgrad built with the `ballista` cargo feature"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn table_with_unknown_extension_fails() {
     let dir = tempfile::tempdir().unwrap();
     let txt = dir.path().join("points.txt");

@@ -118,6 +118,16 @@ impl sqllogictest::AsyncDB for Grad {
     }
 }
 
+#[cfg(feature = "cuda")]
+fn gpu_available() -> bool {
+    datafusion_grad::tensor::cuda::available()
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_available() -> bool {
+    false
+}
+
 #[tokio::main]
 async fn main() {
     let filters: Vec<String> = std::env::args()
@@ -139,6 +149,13 @@ async fn main() {
                 ctx: datafusion_grad::session_context(),
             })
         });
+        // `cuda`: built with the cuda feature; `gpu`: a CUDA device is usable.
+        if cfg!(feature = "cuda") {
+            runner.add_label("cuda");
+        }
+        if gpu_available() {
+            runner.add_label("gpu");
+        }
         match runner.run_file_async(file).await {
             Ok(()) => {
                 passed += 1;

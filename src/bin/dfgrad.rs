@@ -12,7 +12,8 @@
 //!   -c, --command <SQL>      Run SQL (repeatable; several `;`-separated statements allowed)
 //!   -f, --file <FILE>        Run the statements in FILE (repeatable)
 //!       --format <FORMAT>    Output format: table (default), csv, json, ndjson
-//!       --table <NAME=PATH>  Register a file as table NAME (repeatable); the format is
+//!       --table <NAME=PATH>  Register a file, or a directory of files (a partitioned
+//!                            data set), as table NAME (repeatable); the format is
 //!                            taken from the extension: .csv, .parquet, .json/.ndjson
 //!                            (newline-delimited JSON), .arrow/.ipc/.feather
 //!   -q, --quiet              Do not print the "N row(s) fetched. Elapsed ..." lines
@@ -31,6 +32,8 @@
 //!                            Read a Substrait plan (protobuf or JSON) from FILE; its
 //!                            grad/jvp/vjp calls are differentiated, and it is run (printed
 //!                            in --format), or re-emitted with --substrait/--substrait-json
+//!       --ballista <URL>     Run on the Ballista cluster at URL (df://HOST:PORT), or on
+//!                            an in-process one (standalone); needs the `ballista` feature
 //! ```
 //!
 //! All `-c` commands run first, in order, then all `-f` files, in order. Execution
@@ -136,8 +139,8 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
 
-    /// Register a file as a table (repeatable); format by extension:
-    /// .csv, .parquet, .json/.ndjson, .arrow/.ipc/.feather
+    /// Register a file or a directory of files as a table (repeatable);
+    /// format by extension: .csv, .parquet, .json/.ndjson, .arrow/.ipc/.feather
     #[arg(long = "table", value_name = "NAME=PATH", value_parser = parse_table_arg)]
     tables: Vec<(String, PathBuf)>,
 
@@ -171,6 +174,13 @@ struct Args {
     /// --substrait-json)
     #[arg(long = "from-substrait", value_name = "FILE")]
     from_substrait: Option<PathBuf>,
+
+    /// Run the queries on the Ballista cluster whose scheduler is at URL
+    /// (`df://HOST:PORT`), or on an in-process one (`standalone`); the
+    /// derivatives are taken here, and recursive queries are iterated from
+    /// here, one distributed query per step (needs the `ballista` feature)
+    #[arg(long, value_name = "URL")]
+    ballista: Option<String>,
 }
 
 impl Args {
@@ -247,10 +257,33 @@ fn run(args: Args) -> Result<()> {
     runtime.block_on(run_async(args))
 }
 
+/// A client session of the Ballista cluster at `url` (`standalone`: one
+/// started in this process).
+#[cfg(feature = "ballista")]
+async fn ballista_context(url: &str) -> Result<SessionContext> {
+    Ok(match url {
+        "standalone" => datafusion_grad::ballista::standalone().await?,
+        _ => datafusion_grad::ballista::remote(url).await?,
+    })
+}
+
+#[cfg(not(feature = "ballista"))]
+async fn ballista_context(_url: &str) -> Result<SessionContext> {
+    Err(datafusion::error::DataFusionError::Configuration(
+        "--ballista needs dfgrad built with the `ballista` cargo feature \
+         (cargo build --release --features ballista)"
+            .to_string(),
+    )
+    .into())
+}
+
 /// Registers the `--table`s, then runs the `-c` commands and `-f` files, or the
 /// interactive shell when there are none.
 async fn run_async(args: Args) -> Result<()> {
-    let ctx = datafusion_grad::session_context();
+    let ctx = match &args.ballista {
+        Some(url) => ballista_context(url).await?,
+        None => datafusion_grad::session_context(),
+    };
     for (name, path) in &args.tables {
         register_table(&ctx, name, path).await?;
     }
@@ -383,7 +416,16 @@ impl TableFormat {
 
 /// Registers the file at `path` as table `name`, choosing the reader by extension.
 async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
-    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    // A directory is a partitioned data set: its files' extension gives the format.
+    let ext = if path.is_dir() {
+        directory_extension(path)
+    } else {
+        path.extension()
+            .and_then(|e| e.to_str())
+            .unwrap_or("")
+            .to_string()
+    };
+    let ext = ext.as_str();
     let format = TableFormat::from_extension(ext).ok_or_else(|| {
         format!(
             "cannot register table '{name}' from '{}': unsupported file extension '{ext}' \
@@ -394,6 +436,13 @@ async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result
     let location = path
         .to_str()
         .ok_or_else(|| format!("path '{}' is not valid UTF-8", path.display()))?;
+    // DataFusion reads a location ending in `/` as a directory of files.
+    let location = if path.is_dir() && !location.ends_with('/') {
+        format!("{location}/")
+    } else {
+        location.to_string()
+    };
+    let location = location.as_str();
     // Readers only pick files with their configured extension, so use the real one.
     let file_extension = format!(".{ext}");
     let registered = match format {
@@ -426,6 +475,24 @@ async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result
         )
     })?;
     Ok(())
+}
+
+/// The extension of the first file (by name) in `dir` that has a supported
+/// one (empty when none has).
+fn directory_extension(dir: &Path) -> String {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .filter_map(|p| p.extension().and_then(|e| e.to_str()))
+        .find(|e| TableFormat::from_extension(e).is_some())
+        .unwrap_or("")
+        .to_string()
 }
 
 /// Splits `sql` into statements at `;`, ignoring `;` inside single-quoted

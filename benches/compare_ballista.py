@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""One gradient step over a partitioned Parquet data set: local DataFusion
+vs a Ballista cluster of two executors on this machine (issue 7's benchmark).
+
+The step is one distributed query,
+
+    SELECT w - 0.5 * grad(avg(power(w*x + b - y, 2)), w),
+           b - 0.5 * grad(avg(power(w*x + b - y, 2)), b)
+    FROM points CROSS JOIN (SELECT 0.5 AS w, 0.1 AS b) GROUP BY w, b
+
+(the gradient taken through the aggregate), over `--rows` rows (10M by
+default) in `--files` Parquet files (8). It is timed
+
+  * local:    `dfgrad --table points=DIR/ -c STEP`, DataFusion on all cores;
+  * ballista: `dfgrad --ballista df://127.0.0.1:PORT --table points=DIR/ -c
+              STEP` against `dfgrad-scheduler` and two `dfgrad-executor`
+              processes (each `--concurrent-tasks` = cores / 2), all started
+              by this script on loopback.
+
+Both read the same files from disk (page cache warm after the warm-up run);
+the time is the `Elapsed` line dfgrad prints (planning, the rewrite on the
+client, execution, results collected), median of `--repeat` runs after one
+warm-up. Both results must agree to 1e-9 (relative); the script fails
+otherwise.
+
+Needs the binaries of the `ballista` feature:
+
+    cargo build --features ballista --bins       # target/debug, optimized deps
+    python3 benches/compare_ballista.py --bin-dir "$CARGO_TARGET_DIR/debug"
+"""
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+STEP = (
+    "SELECT w - 0.5 * grad(avg(power(w * x + b - y, 2)), w) AS w, "
+    "b - 0.5 * grad(avg(power(w * x + b - y, 2)), b) AS b "
+    "FROM points CROSS JOIN (SELECT CAST(0.5 AS DOUBLE) AS w, CAST(0.1 AS DOUBLE) AS b) AS p "
+    "GROUP BY w, b"
+)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dfgrad(bin_dir, args):
+    out = subprocess.run(
+        [os.path.join(bin_dir, "dfgrad"), "--format", "csv", *args],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        sys.exit(f"dfgrad {' '.join(args)} failed:\n{out.stderr}")
+    return out.stdout
+
+
+def write_data(bin_dir, directory, rows, files):
+    per = rows // files
+    for f in range(files):
+        path = os.path.join(directory, f"part-{f}.parquet")
+        dfgrad(
+            bin_dir,
+            [
+                "-q",
+                "-c",
+                f"COPY (SELECT x, 2.5 * x - 0.7 + 0.05 * sin(i * 12.9898) AS y FROM "
+                f"(SELECT value AS i, CAST(value % 1000 AS DOUBLE) / 500.0 - 1.0 AS x "
+                f"FROM generate_series({f * per + 1}, {(f + 1) * per}))) "
+                f"TO '{path}' STORED AS PARQUET",
+            ],
+        )
+
+
+def timed_step(bin_dir, extra, directory):
+    out = dfgrad(bin_dir, [*extra, "--table", f"points={directory}/", "-c", STEP])
+    elapsed = float(re.search(r"Elapsed ([0-9.]+) seconds", out).group(1))
+    values = [float(v) for v in out.strip().splitlines()[1].split(",")]
+    return elapsed, values
+
+
+def start_cluster(bin_dir, work, tasks):
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [os.path.join(bin_dir, "dfgrad-scheduler"), "--bind-port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    ]
+    for e in range(2):
+        d = os.path.join(work, f"executor-{e}")
+        os.makedirs(d, exist_ok=True)
+        procs.append(
+            subprocess.Popen(
+                [
+                    os.path.join(bin_dir, "dfgrad-executor"),
+                    "--scheduler-port", str(port),
+                    "--bind-port", str(free_port()),
+                    "--bind-grpc-port", str(free_port()),
+                    "--concurrent-tasks", str(tasks),
+                    "--work-dir", d,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    # wait for both executors to register (the scheduler's REST API)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+                s.sendall(b"GET /api/executors HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                body = b""
+                while chunk := s.recv(65536):
+                    body += chunk
+            if body.count(b'"last_seen"') >= 2:
+                return procs, f"df://127.0.0.1:{port}"
+        except OSError:
+            pass
+        time.sleep(0.2)
+    for p in procs:
+        p.kill()
+    sys.exit("the executors did not register within 60 s")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin-dir", default=os.path.join(os.environ.get("CARGO_TARGET_DIR", "target"), "debug"))
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    cores = os.cpu_count() or 2
+    with tempfile.TemporaryDirectory() as work:
+        data = os.path.join(work, "points")
+        os.makedirs(data)
+        t = time.time()
+        write_data(args.bin_dir, data, args.rows, args.files)
+        print(f"data: {args.rows:,} rows in {args.files} Parquet files ({time.time() - t:.1f} s to write)")
+        procs, url = start_cluster(args.bin_dir, work, max(1, cores // 2))
+        try:
+            results = {}
+            for name, extra in [("local", []), ("ballista", ["--ballista", url])]:
+                timed_step(args.bin_dir, extra, data)  # warm-up
+                runs = [timed_step(args.bin_dir, extra, data) for _ in range(args.repeat)]
+                results[name] = (statistics.median(r[0] for r in runs), runs[-1][1])
+        finally:
+            for p in procs:
+                p.kill()
+    (lt, lv), (bt, bv) = results["local"], results["ballista"]
+    print(f"cores: {cores}; executors: 2 x {max(1, cores // 2)} tasks")
+    print(f"| engine | step (s, median of {args.repeat}) | rows/s |")
+    print("|---|---|---|")
+    for name, (secs, _) in results.items():
+        print(f"| {name} | {secs:.3f} | {args.rows / secs / 1e6:.1f}M |")
+    print(f"ballista / local: {bt / lt:.2f}x")
+    worst = max(abs(a - b) / max(abs(a), abs(b), 1.0) for a, b in zip(lv, bv))
+    print(f"parameters after the step: local {lv}, ballista {bv} (largest relative difference {worst:.1e})")
+    if worst > 1e-9:
+        sys.exit("the results differ")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+//! Gradient queries on an [Apache Ballista] 55 cluster (cargo feature
+//! `ballista`).
+//!
+//! The differentiation runs on the client: DataFusion hands Ballista's query
+//! planner the *optimized* logical plan, in which `grad`, `jvp` and `vjp` have
+//! already rewritten themselves (simplify and the analyzer rule run in the
+//! client's session). What travels to the scheduler is plain DataFusion plus
+//! the functions of ours that stay in plans (the tensor functions and
+//! aggregates, `differentiate_sql`), which Ballista sends by name: the
+//! scheduler and every executor must know them, so they run
+//! [`dfgrad-scheduler` / `dfgrad-executor`](cluster), or Ballista's own
+//! processes built with [`session_state`] and [`function_registry`].
+//!
+//! Recursive CTEs: Ballista 55 cannot run them (DataFusion's physical plan
+//! protobuf has no `RecursiveQueryExec`/`WorkTableExec`), so the client drives
+//! their iterations ([`recursion`]): a gradient-descent training loop written
+//! as `WITH RECURSIVE` runs each step as a distributed query.
+//!
+//! ```no_run
+//! # async fn example() -> datafusion::error::Result<()> {
+//! let ctx = datafusion_grad::ballista::remote("df://127.0.0.1:50050").await?;
+//! ctx.sql("SELECT grad(avg((w * x - y) * (w * x - y)), w) FROM 'points.parquet' CROSS JOIN (VALUES (0.5)) p(w) GROUP BY w")
+//!     .await?
+//!     .show()
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [Apache Ballista]: https://datafusion.apache.org/ballista/
+
+pub mod cluster;
+pub mod recursion;
+
+use std::sync::Arc;
+
+use ballista::prelude::SessionContextExt;
+use ballista_core::extension::SessionConfigExt;
+use ballista_core::registry::BallistaFunctionRegistry;
+use datafusion::error::Result;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
+use datafusion::execution::FunctionRegistry;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::options::GradOptions;
+
+/// The configuration of every Ballista session of ours (client, scheduler,
+/// executors): Ballista's settings plus the `datafusion_grad` ones, with the
+/// broadcast aggregation off (Ballista cannot ship `BroadcastAggregateExec`;
+/// its planner does not run our physical rules anyway).
+pub fn config() -> SessionConfig {
+    let options = GradOptions {
+        broadcast_aggregate: false,
+        ..GradOptions::default()
+    };
+    SessionConfig::new_with_ballista().with_option_extension(options)
+}
+
+/// A session state for a scheduler: Ballista's default state for `config`
+/// (its planner settings and optimizer rules) with DataFusion's and our
+/// functions, so plans that use them decode. Use it as a Ballista
+/// `SchedulerConfig::override_session_builder`.
+pub fn session_state(config: SessionConfig) -> Result<SessionState> {
+    let mut state = ballista_core::utils::default_session_builder(config)?;
+    let ours = crate::session_context().state();
+    for f in ours.scalar_functions().values() {
+        state.register_udf(Arc::clone(f))?;
+    }
+    for f in ours.aggregate_functions().values() {
+        state.register_udaf(Arc::clone(f))?;
+    }
+    for f in ours.window_functions().values() {
+        state.register_udwf(Arc::clone(f))?;
+    }
+    Ok(state)
+}
+
+/// The functions an executor resolves plan functions by: DataFusion's
+/// (nested ones included) and ours. Use it as a Ballista
+/// `ExecutorProcessConfig::override_function_registry`.
+pub fn function_registry() -> Result<BallistaFunctionRegistry> {
+    Ok(BallistaFunctionRegistry::from(&session_state(config())?))
+}
+
+/// A client session of a Ballista cluster's scheduler at `url`
+/// (`df://host:port`), with everything of ours installed.
+pub async fn remote(url: &str) -> Result<SessionContext> {
+    let local = crate::session_context_with_config(config());
+    let ctx = SessionContext::remote_with_state(url, local.state()).await?;
+    Ok(client(&local, &ctx))
+}
+
+/// A session of an in-process Ballista cluster (a scheduler and an
+/// executor started in this process, on loopback), with everything of ours
+/// installed — for tests and for trying Ballista out.
+pub async fn standalone() -> Result<SessionContext> {
+    let local = crate::session_context_with_config(config());
+    let ctx = SessionContext::standalone_with_state(local.state()).await?;
+    Ok(client(&local, &ctx))
+}
+
+/// `ctx` (a Ballista client made from `local`'s state) with `local`'s
+/// functions put back — Ballista's upgrade of a session state replaces its
+/// function lists with Ballista's own — and with recursive queries driven by
+/// the client ([`recursion::ClientRecursion`]).
+fn client(local: &SessionContext, ctx: &SessionContext) -> SessionContext {
+    let state = ctx.state();
+    let planner = Arc::new(recursion::ClientRecursion::new(Arc::clone(
+        state.query_planner(),
+    )));
+    let ctx = SessionContext::new_with_state(
+        SessionStateBuilder::new_from_existing(state)
+            .with_query_planner(planner)
+            .build(),
+    );
+    let local = local.state();
+    for f in local.scalar_functions().values() {
+        ctx.register_udf(f.as_ref().clone());
+    }
+    for f in local.aggregate_functions().values() {
+        ctx.register_udaf(f.as_ref().clone());
+    }
+    for f in local.window_functions().values() {
+        ctx.register_udwf(f.as_ref().clone());
+    }
+    ctx
+}

@@ -1,0 +1,247 @@
+//! Recursive CTEs on Ballista, driven by the client.
+//!
+//! Ballista 55 cannot run `WITH RECURSIVE`: DataFusion's physical plan
+//! protobuf has no `RecursiveQueryExec` or `WorkTableExec`, so the scheduler
+//! fails to ship such a stage. [`ClientRecursion`] wraps Ballista's query
+//! planner and evaluates each recursive query the way `RecursiveQueryExec`
+//! does, one distributed query per iteration:
+//!
+//! 1. run the static term;
+//! 2. run the recursive term with its work-table scans replaced by the rows
+//!    of the previous iteration, written into the plan as `VALUES`;
+//! 3. stop when an iteration returns no rows (for `UNION`, no rows not seen
+//!    before);
+//!
+//! and then plans the query around it with the accumulated rows as `VALUES`.
+//! So a gradient-descent loop written as one recursive query runs each step
+//! on the cluster. The work table travels inside each plan: this suits work
+//! tables of model parameters (a few rows per step), not recursive queries
+//! that produce millions of rows. A recursive query inside a subquery
+//! expression is sent as it is (and refused by Ballista).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{BooleanArray, RecordBatch};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, DFSchemaRef, ScalarValue};
+use datafusion::datasource::cte_worktable::CteWorkTable;
+use datafusion::datasource::source_as_provider;
+use datafusion::error::Result;
+use datafusion::execution::context::QueryPlanner;
+use datafusion::logical_expr::{col, lit, Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
+use datafusion::physical_plan::{collect, ExecutionPlan};
+
+/// A query planner that evaluates recursive queries on the client, one
+/// query of `inner` (Ballista's planner) per iteration, and plans the rest
+/// with `inner`.
+#[derive(Debug)]
+pub struct ClientRecursion {
+    inner: Arc<dyn QueryPlanner + Send + Sync>,
+}
+
+impl ClientRecursion {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn QueryPlanner + Send + Sync>) -> Self {
+        Self { inner }
+    }
+
+    /// `plan` with each recursive query replaced by its rows.
+    async fn unroll(&self, plan: &LogicalPlan, session: &dyn Session) -> Result<LogicalPlan> {
+        let inputs = plan.inputs();
+        let mut unrolled = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            unrolled.push(Box::pin(self.unroll(input, session)).await?);
+        }
+        let plan = plan.with_new_exprs(plan.expressions(), unrolled)?;
+        match &plan {
+            LogicalPlan::RecursiveQuery(q) => {
+                let rows = self.iterate(q, session).await?;
+                rows_plan(&rows, q.schema.clone(), None)
+            }
+            _ => Ok(plan),
+        }
+    }
+
+    /// The rows of the recursive query `q`, computed iteration by iteration.
+    async fn iterate(
+        &self,
+        q: &datafusion::logical_expr::RecursiveQuery,
+        session: &dyn Session,
+    ) -> Result<Vec<RecordBatch>> {
+        let mut seen = q
+            .is_distinct
+            .then(|| Distinct::new(&q.schema))
+            .transpose()?;
+        let mut work = self.run(&q.static_term, session).await?;
+        if let Some(seen) = seen.as_mut() {
+            work = seen.new_rows(work)?;
+        }
+        let mut all = work.clone();
+        while work.iter().any(|b| b.num_rows() > 0) {
+            let term = with_work_table(&q.recursive_term, &q.name, &work)?;
+            work = self.run(&term, session).await?;
+            if let Some(seen) = seen.as_mut() {
+                work = seen.new_rows(work)?;
+            }
+            all.extend(work.iter().cloned());
+        }
+        Ok(all)
+    }
+
+    /// Runs `plan` on the cluster.
+    async fn run(&self, plan: &LogicalPlan, session: &dyn Session) -> Result<Vec<RecordBatch>> {
+        let exec = self.inner.create_physical_plan(plan, session).await?;
+        collect(exec, session.task_ctx()).await
+    }
+}
+
+#[async_trait]
+impl QueryPlanner for ClientRecursion {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let recursive = logical_plan.exists(|p| Ok(matches!(p, LogicalPlan::RecursiveQuery(_))))?;
+        if !recursive || matches!(logical_plan, LogicalPlan::Explain(_)) {
+            return self.inner.create_physical_plan(logical_plan, session).await;
+        }
+        let plan = self.unroll(logical_plan, session).await?;
+        self.inner.create_physical_plan(&plan, session).await
+    }
+}
+
+/// `term` with every scan of the work table `name` reading `rows`.
+fn with_work_table(term: &LogicalPlan, name: &str, rows: &[RecordBatch]) -> Result<LogicalPlan> {
+    term.clone()
+        .transform_up(|p| match &p {
+            LogicalPlan::TableScan(scan) if is_work_table(scan, name) => {
+                let schema = scan.source.schema();
+                let full = DFSchema::try_from_qualified_schema(scan.table_name.clone(), &schema)?;
+                let plan = rows_plan(rows, Arc::new(full), Some(scan))?;
+                Ok(Transformed::yes(plan))
+            }
+            _ => Ok(Transformed::no(p)),
+        })
+        .map(|t| t.data)
+}
+
+fn is_work_table(scan: &TableScan, name: &str) -> bool {
+    scan.table_name.table() == name
+        && source_as_provider(&scan.source)
+            .is_ok_and(|p| p.downcast_ref::<CteWorkTable>().is_some())
+}
+
+/// A plan that produces `rows` with the column names of `schema`: `VALUES`
+/// (Ballista ships its literals; a `VALUES` plan's own column names are not
+/// shipped, so a projection renames them), aliased to `scan`'s table and
+/// with its projection, filters and limit where it replaces a work-table
+/// scan. No rows: one row of typed NULLs, filtered out.
+fn rows_plan(
+    rows: &[RecordBatch],
+    schema: DFSchemaRef,
+    scan: Option<&TableScan>,
+) -> Result<LogicalPlan> {
+    let mut values = Vec::new();
+    for batch in rows {
+        for row in 0..batch.num_rows() {
+            values.push(
+                batch
+                    .columns()
+                    .iter()
+                    .map(|c| ScalarValue::try_from_array(c, row).map(lit))
+                    .collect::<Result<Vec<Expr>>>()?,
+            );
+        }
+    }
+    let empty = values.is_empty();
+    if empty {
+        values.push(
+            schema
+                .fields()
+                .iter()
+                .map(|f| ScalarValue::try_from(f.data_type()).map(lit))
+                .collect::<Result<Vec<Expr>>>()?,
+        );
+    }
+    let names = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| col(format!("column{}", i + 1)).alias(f.name()));
+    let mut plan = LogicalPlanBuilder::values(values)?.project(names)?;
+    if empty {
+        plan = plan.filter(lit(false))?;
+    }
+    let Some(scan) = scan else {
+        // In place of a recursive query: its columns keep their qualifiers.
+        let exprs = schema
+            .iter()
+            .map(|(q, f)| {
+                let c = Expr::Column(Column::new_unqualified(f.name()));
+                match q {
+                    Some(q) => c.alias_qualified(Some(q.clone()), f.name()),
+                    None => c.alias(f.name()),
+                }
+            })
+            .collect::<Vec<_>>();
+        return plan.project(exprs)?.build();
+    };
+    let mut plan = plan.alias(scan.table_name.clone())?;
+    if let Some(projection) = &scan.projection {
+        let fields = scan.source.schema();
+        plan = plan.project(projection.iter().map(|i| {
+            Expr::Column(Column::new(
+                Some(scan.table_name.clone()),
+                fields.field(*i).name(),
+            ))
+        }))?;
+    }
+    for f in &scan.filters {
+        plan = plan.filter(f.clone())?;
+    }
+    if let Some(fetch) = scan.fetch {
+        plan = plan.limit(0, Some(fetch))?;
+    }
+    plan.build()
+}
+
+/// The rows a `UNION` recursive query has produced so far.
+struct Distinct {
+    converter: RowConverter,
+    seen: HashSet<Vec<u8>>,
+}
+
+impl Distinct {
+    fn new(schema: &DFSchemaRef) -> Result<Self> {
+        let fields = schema
+            .fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect();
+        Ok(Self {
+            converter: RowConverter::new(fields)?,
+            seen: HashSet::new(),
+        })
+    }
+
+    /// The rows of `batches` not seen before (each once).
+    fn new_rows(&mut self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        batches
+            .into_iter()
+            .map(|batch| {
+                let rows = self.converter.convert_columns(batch.columns())?;
+                let keep: BooleanArray = rows
+                    .iter()
+                    .map(|r| Some(self.seen.insert(r.as_ref().to_vec())))
+                    .collect();
+                Ok(filter_record_batch(&batch, &keep)?)
+            })
+            .collect()
+    }
+}

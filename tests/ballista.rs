@@ -1,0 +1,357 @@
+//! Gradient queries on Apache Ballista (feature `ballista`), on loopback:
+//! an in-process standalone cluster, and a `dfgrad-scheduler` with two
+//! `dfgrad-executor` processes. Every result is compared with the local
+//! engine's on the same partitioned Parquet data.
+
+#![cfg(feature = "ballista")]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::array::{Array, Float64Array, Int64Array};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::error::Result;
+use datafusion::prelude::{ParquetReadOptions, SessionContext};
+
+/// Rows per Parquet file, and files.
+const ROWS: i64 = 25_000;
+const FILES: i64 = 4;
+
+/// Writes `FILES` Parquet files of points on y = 2.5x - 0.7 plus
+/// deterministic noise into `dir`.
+async fn write_points(dir: &Path) -> Result<()> {
+    let ctx = SessionContext::new();
+    for f in 0..FILES {
+        let path = dir.join(format!("part-{f}.parquet"));
+        ctx.sql(&format!(
+            "COPY (SELECT x, 2.5 * x - 0.7 + 0.05 * sin(i * 12.9898) AS y, i \
+             FROM (SELECT value AS i, CAST(value % 1000 AS DOUBLE) / 500.0 - 1.0 AS x \
+                   FROM generate_series({}, {}))) TO '{}' STORED AS PARQUET",
+            f * ROWS + 1,
+            (f + 1) * ROWS,
+            path.display()
+        ))
+        .await?
+        .collect()
+        .await?;
+    }
+    Ok(())
+}
+
+async fn register(ctx: &SessionContext, dir: &Path) -> Result<()> {
+    ctx.register_parquet(
+        "t",
+        format!("{}/", dir.display()),
+        ParquetReadOptions::default(),
+    )
+    .await
+}
+
+async fn rows(ctx: &SessionContext, sql: &str) -> Result<RecordBatch> {
+    let batches = ctx.sql(sql).await?.collect().await?;
+    let schema = batches.first().map(|b| b.schema()).ok_or_else(|| {
+        datafusion::error::DataFusionError::Internal(format!("no batches: {sql}"))
+    })?;
+    Ok(concat_batches(&schema, &batches)?)
+}
+
+/// Asserts two results are equal, floats to 1e-9 relative (partitions are
+/// summed in different orders).
+fn assert_same(sql: &str, local: &RecordBatch, remote: &RecordBatch) {
+    assert_eq!(local.num_rows(), remote.num_rows(), "{sql}");
+    assert_eq!(local.num_columns(), remote.num_columns(), "{sql}");
+    for c in 0..local.num_columns() {
+        let (l, r) = (local.column(c), remote.column(c));
+        if let (Some(l), Some(r)) = (
+            l.as_any().downcast_ref::<Float64Array>(),
+            r.as_any().downcast_ref::<Float64Array>(),
+        ) {
+            for i in 0..l.len() {
+                assert_eq!(l.is_null(i), r.is_null(i), "{sql}: column {c} row {i}");
+                let (a, b) = (l.value(i), r.value(i));
+                assert!(
+                    (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0),
+                    "{sql}: column {c} row {i}: local {a}, ballista {b}"
+                );
+            }
+        } else {
+            assert_eq!(l.to_data(), r.to_data(), "{sql}: column {c}");
+        }
+    }
+}
+
+/// The queries run on both engines.
+const QUERIES: &[&str] = &[
+    // per-row derivatives
+    "SELECT x, y, grad(sin(x) * y + x * x, x) AS d, jvp(exp(x) * y, x, 2.0, y, 0.5) AS j \
+     FROM t ORDER BY i LIMIT 100",
+    // several partials in one sweep, summed over every partition
+    "SELECT sum(grad(exp(x) * y, x, y)['x']) AS gx, sum(grad(exp(x) * y, x, y)['y']) AS gy FROM t",
+    // gradient of an aggregate over many partitions
+    "SELECT w, grad(avg((w * x - y) * (w * x - y)), w) AS g \
+     FROM t CROSS JOIN (VALUES (0.5), (1.5), (2.5)) AS p(w) GROUP BY w ORDER BY w",
+    // tensor functions on the executors (and DataFusion's make_array)
+    "SELECT sum(dot(tensor([x, y], 2), tensor([1.0, 2.0], 2))) AS s, \
+            sum(grad(tensor_total(scale(tensor([1.0, 2.0], 2), x * y)), x)) AS ds \
+     FROM t",
+    // a recursive CTE training loop (iterated by the client on Ballista)
+    "WITH RECURSIVE fit(step, w, b) AS ( \
+       SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.0 AS DOUBLE) AS b \
+       UNION ALL \
+       SELECT step + 1, \
+              w - 0.5 * grad(avg(power(w * x + b - y, 2)), w), \
+              b - 0.5 * grad(avg(power(w * x + b - y, 2)), b) \
+       FROM fit CROSS JOIN t WHERE step < 10 GROUP BY step, w, b) \
+     SELECT step, w, b FROM fit ORDER BY step",
+    // recursive UNION (duplicates dropped across iterations), and a work
+    // table joined with another relation
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION SELECT n % 7 + 1 FROM r) SELECT n FROM r ORDER BY n",
+    "WITH RECURSIVE r(n, m) AS (SELECT 1 AS n, 1 AS m UNION ALL \
+       SELECT r.n + 1, r.m + c.k FROM r JOIN (VALUES (1, 10), (2, 20), (3, 30)) AS c(n, k) ON r.n = c.n) \
+     SELECT n, m FROM r ORDER BY n",
+    // a recursive query with no rows
+    "WITH RECURSIVE r(n) AS (SELECT i FROM t WHERE i < 0 UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
+     SELECT count(*) AS c FROM r",
+];
+
+/// One gradient-descent step per distributed query, iterated from the client
+/// until the parameters stop moving; returns (w, b, steps).
+async fn descend(ctx: &SessionContext) -> Result<(f64, f64, usize)> {
+    let (mut w, mut b) = (0.0f64, 0.0f64);
+    for step in 1..=500 {
+        let out = rows(
+            ctx,
+            &format!(
+                "SELECT w - 0.75 * grad(avg(power(w * x + b - y, 2)), w) AS w, \
+                        b - 0.75 * grad(avg(power(w * x + b - y, 2)), b) AS b \
+                 FROM t CROSS JOIN (SELECT CAST({w:e} AS DOUBLE) AS w, CAST({b:e} AS DOUBLE) AS b) AS p \
+                 GROUP BY w, b"
+            ),
+        )
+        .await?;
+        let col = |i: usize| {
+            out.column(i)
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap()
+                .value(0)
+        };
+        let (nw, nb) = (col(0), col(1));
+        let moved = (nw - w).abs().max((nb - b).abs());
+        (w, b) = (nw, nb);
+        if moved < 1e-10 {
+            return Ok((w, b, step));
+        }
+    }
+    Ok((w, b, 500))
+}
+
+async fn check_queries(local: &SessionContext, remote: &SessionContext) -> Result<()> {
+    for sql in QUERIES {
+        let l = rows(local, sql).await?;
+        let r = rows(remote, sql).await?;
+        assert_same(sql, &l, &r);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn standalone_cluster_gives_the_local_numbers() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_points(dir.path()).await?;
+    let local = datafusion_grad::session_context();
+    register(&local, dir.path()).await?;
+    let remote = datafusion_grad::ballista::standalone().await?;
+    register(&remote, dir.path()).await?;
+    check_queries(&local, &remote).await?;
+
+    let (lw, lb, ls) = descend(&local).await?;
+    let (rw, rb, rs) = descend(&remote).await?;
+    assert!(
+        (lw - 2.5).abs() < 0.01 && (lb + 0.7).abs() < 0.01,
+        "w={lw} b={lb}"
+    );
+    assert!(
+        (lw - rw).abs() < 1e-9 && (lb - rb).abs() < 1e-9,
+        "local {lw},{lb} ballista {rw},{rb}"
+    );
+    assert!(ls.abs_diff(rs) <= 2, "steps: local {ls}, ballista {rs}");
+
+    // the rewrite happened on the client: Ballista's stages compute the
+    // derivative `x + x`
+    let plan = rows(&remote, "EXPLAIN SELECT grad(x * x, x) FROM t").await?;
+    let text = format!("{:?}", plan.column(1));
+    assert!(
+        text.contains("ShuffleWriterExec") && text.contains("projection=[x@0 + x@0 as grad("),
+        "{text}"
+    );
+
+    // what cannot be differentiated is refused on the client, typed
+    let err = remote
+        .sql("SELECT grad(random() * x, x) FROM t")
+        .await
+        .and_then(|df| df.into_optimized_plan())
+        .unwrap_err();
+    assert!(err.to_string().contains("non_differentiable"), "{err}");
+    Ok(())
+}
+
+/// Child processes killed when dropped.
+struct Cluster {
+    children: Vec<Child>,
+    url: String,
+    _work: tempfile::TempDir,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The number of executors the scheduler on `port` knows (its REST API).
+fn executors(port: u16) -> usize {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /api/executors HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if s.write_all(request.as_bytes()).is_err() {
+        return 0;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.matches("\"last_seen\"").count()
+}
+
+/// A scheduler and two executors, as processes on loopback; executors are
+/// lost after 3 s without a heartbeat.
+fn start_cluster() -> Cluster {
+    let work = tempfile::tempdir().expect("work dir");
+    let port = free_port();
+    let log = |name: &str| {
+        std::fs::File::create(work.path().join(name))
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null())
+    };
+    let scheduler = Command::new(env!("CARGO_BIN_EXE_dfgrad-scheduler"))
+        .args(["--bind-port", &port.to_string()])
+        .args(["--executor-timeout-seconds", "3"])
+        .args(["--expire-dead-executor-interval-seconds", "1"])
+        .stdout(log("scheduler.log"))
+        .stderr(log("scheduler.err"))
+        .spawn()
+        .expect("dfgrad-scheduler starts");
+    let mut children = vec![scheduler];
+    for e in 0..2 {
+        let dir = work.path().join(format!("executor-{e}"));
+        std::fs::create_dir_all(&dir).expect("executor dir");
+        let executor = Command::new(env!("CARGO_BIN_EXE_dfgrad-executor"))
+            .args(["--scheduler-port", &port.to_string()])
+            .args(["--bind-port", &free_port().to_string()])
+            .args(["--bind-grpc-port", &free_port().to_string()])
+            .args(["--concurrent-tasks", "2"])
+            .args(["--heartbeat-interval-seconds", "1"])
+            .args(["--work-dir", dir.to_str().expect("utf-8 path")])
+            .stdout(log(&format!("executor-{e}.log")))
+            .stderr(log(&format!("executor-{e}.err")))
+            .spawn()
+            .expect("dfgrad-executor starts");
+        children.push(executor);
+    }
+    let cluster = Cluster {
+        children,
+        url: format!("df://127.0.0.1:{port}"),
+        _work: work,
+    };
+    let start = Instant::now();
+    while executors(port) < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the executors did not register within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cluster
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scheduler_and_two_executor_processes() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_points(dir.path()).await?;
+    let local = datafusion_grad::session_context();
+    register(&local, dir.path()).await?;
+    let mut cluster = start_cluster();
+    let remote = datafusion_grad::ballista::remote(&cluster.url).await?;
+    register(&remote, dir.path()).await?;
+    check_queries(&local, &remote).await?;
+
+    let (lw, lb, _) = descend(&local).await?;
+    let (rw, rb, _) = descend(&remote).await?;
+    assert!(
+        (lw - rw).abs() < 1e-9 && (lb - rb).abs() < 1e-9,
+        "local {lw},{lb} ballista {rw},{rb}"
+    );
+
+    // dfgrad --ballista: the same training loop from the command line
+    let out = Command::new(env!("CARGO_BIN_EXE_dfgrad"))
+        .args(["--ballista", &cluster.url, "--format", "csv", "-q"])
+        .args([
+            "--table",
+            &format!("t={}/part-0.parquet", dir.path().display()),
+        ])
+        .args(["-c", QUERIES[4]])
+        .output()?;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(csv.lines().count(), 12, "{csv}");
+
+    // one executor killed mid-query: the query completes on the other one
+    // with the local numbers, or fails with an error; never a wrong result
+    let sql = "SELECT w, grad(avg((w * x - y) * (w * x - y)), w) AS g, count(*) AS n \
+               FROM t CROSS JOIN (SELECT CAST(value AS DOUBLE) / 10.0 AS w FROM (VALUES (1), (2), (3), (4), (5), (6), (7), (8)) AS v(value)) AS p \
+               GROUP BY w ORDER BY w";
+    let expected = rows(&local, sql).await?;
+    let query = {
+        let remote = remote.clone();
+        tokio::spawn(async move { rows(&remote, sql).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.children[2].kill()?;
+    cluster.children[2].wait()?;
+    match tokio::time::timeout(Duration::from_secs(120), query).await {
+        Ok(Ok(Ok(got))) => {
+            assert_same(sql, &expected, &got);
+            let n = got.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
+            assert!(
+                n.iter().all(|c| c == Some(ROWS * FILES)),
+                "every row counted once"
+            );
+        }
+        Ok(Ok(Err(e))) => eprintln!("the query failed after the executor was killed: {e}"),
+        Ok(Err(join)) => panic!("query task: {join}"),
+        Err(_) => panic!("no answer 120 s after an executor was killed"),
+    }
+    // and the cluster still answers with one executor
+    let again = rows(&remote, sql).await?;
+    assert_same(sql, &expected, &again);
+    Ok(())
+}
