@@ -55,13 +55,13 @@ def free_port():
 
 def dfgrad(bin_dir, args):
     out = subprocess.run(
-        [os.path.join(bin_dir, "dfgrad"), "--format", "csv", *args],
+        [os.path.join(bin_dir, "dfgrad"), *args],
         capture_output=True,
         text=True,
     )
     if out.returncode != 0:
         sys.exit(f"dfgrad {' '.join(args)} failed:\n{out.stderr}")
-    return out.stdout
+    return out.stdout + out.stderr
 
 
 def write_data(bin_dir, directory, rows, files):
@@ -83,8 +83,10 @@ def write_data(bin_dir, directory, rows, files):
 
 def timed_step(bin_dir, extra, directory):
     out = dfgrad(bin_dir, [*extra, "--table", f"points={directory}/", "-c", STEP])
+    # the table's one data row (stdout), "1 row(s) fetched. Elapsed S seconds." (stderr)
     elapsed = float(re.search(r"Elapsed ([0-9.]+) seconds", out).group(1))
-    values = [float(v) for v in out.strip().splitlines()[1].split(",")]
+    row = [line for line in out.splitlines() if re.match(r"\|\s*-?[0-9]", line)][0]
+    values = [float(v) for v in row.strip("|").split("|")]
     return elapsed, values
 
 
