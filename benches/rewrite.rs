@@ -103,7 +103,7 @@ fn dag(case: &Case, rules: &Rules) -> Vec<usize> {
 /// The sizes of the derivative DAG: (forward nodes, derivative nodes).
 fn dag_sizes(case: &Case, rules: &Rules) -> (usize, usize) {
     let mut ws = Workspace::new(&case.schema, rules);
-    let forward = ws.intern(case.f.clone()).expect("internable");
+    let forward = ws.intern(&case.f).expect("internable");
     let roots = ws
         .derivative(&case.f, &case.wrt, Seed::Grad)
         .expect("differentiable");

@@ -11,20 +11,24 @@ use datafusion::error::Result;
 pub(crate) struct Columns<'a> {
     schema: &'a DFSchema,
     qualified: HashMap<(String, &'a str), usize>,
-    /// Every field with this name, whatever its qualifier.
-    named: HashMap<&'a str, Vec<usize>>,
+    /// The field with this name, whatever its qualifier; `None` when several
+    /// fields have it.
+    named: HashMap<&'a str, Option<usize>>,
 }
 
 impl<'a> Columns<'a> {
     /// An index of `schema`'s fields.
     pub(crate) fn new(schema: &'a DFSchema) -> Self {
         let mut qualified = HashMap::new();
-        let mut named: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut named: HashMap<&str, Option<usize>> = HashMap::with_capacity(schema.fields().len());
         for (i, (q, f)) in schema.iter().enumerate() {
             if let Some(q) = q {
                 qualified.insert((q.to_string(), f.name().as_str()), i);
             }
-            named.entry(f.name().as_str()).or_default().push(i);
+            named
+                .entry(f.name().as_str())
+                .and_modify(|unique| *unique = None)
+                .or_insert(Some(i));
         }
         Self {
             schema,
@@ -42,10 +46,7 @@ impl<'a> Columns<'a> {
                 .qualified
                 .get(&(q.to_string(), c.name.as_str()))
                 .copied(),
-            None => match self.named.get(c.name.as_str()).map(Vec::as_slice) {
-                Some([i]) => Some(*i),
-                _ => None,
-            },
+            None => self.named.get(c.name.as_str()).copied().flatten(),
         };
         match found {
             Some(i) => Ok(self.schema.field(i)),

@@ -3,40 +3,107 @@
 //! Every node is an expression *shell* (the expression with its children
 //! replaced by holes) plus the ids of its children. Equal subexpressions get
 //! the same id, so a derivative that reuses parts of the forward expression
-//! (or of itself) costs one node per distinct subexpression. Node ids are
+//! (or of itself) costs one node per distinct subexpression. Shells are
+//! interned too, so a node is looked up by a shell id and its children's ids,
+//! never by hashing a whole expression. Node ids are
 //! created after their children, so ascending id order is a topological order,
 //! and every walk here is a loop: no recursion, no stack overflow on deep input.
 
 use std::hash::BuildHasher;
+use std::ops::Range;
 use std::sync::Arc;
 
 use datafusion::common::hash_utils::RandomState;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{HashMap, ScalarValue};
 use datafusion::error::Result;
-use datafusion::logical_expr::{BinaryExpr, Expr, Operator};
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{BinaryExpr, Case, Cast, Expr, Operator, TryCast};
 
 /// Index of a node in a [`Graph`].
 pub type NodeId = usize;
 
+/// Index of a distinct shell in a [`Graph`]: equal shells have equal ids.
+pub(crate) type ShellId = usize;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Node {
-    shell: Arc<Expr>,
-    args: Vec<NodeId>,
+    shell: ShellId,
+    /// The children: a range of [`Graph::arg_pool`].
+    args: Range<usize>,
+}
+
+/// A hash index of items stored elsewhere, numbered `0..`, each with its
+/// hash: open addressing with linear probing, at most half full.
+#[derive(Debug, Default)]
+struct Index {
+    /// Per slot, 1 + the number of the item in it, or 0 when empty; the
+    /// length is 0 or a power of two.
+    slots: Vec<usize>,
+    /// The hash of each item.
+    hashes: Vec<u64>,
+}
+
+impl Index {
+    /// The item with `hash` for which `same` holds.
+    fn find(&self, hash: u64, same: impl Fn(usize) -> bool) -> Option<usize> {
+        let mask = self.slots.len().checked_sub(1)?;
+        let mut slot = hash as usize & mask;
+        loop {
+            match self.slots[slot] {
+                0 => return None,
+                i if self.hashes[i - 1] == hash && same(i - 1) => return Some(i - 1),
+                _ => slot = (slot + 1) & mask,
+            }
+        }
+    }
+
+    /// Records the next item, with `hash`; its number.
+    fn push(&mut self, hash: u64) -> usize {
+        let item = self.hashes.len();
+        self.hashes.push(hash);
+        if 2 * self.hashes.len() > self.slots.len() {
+            self.slots = vec![0; (2 * self.slots.len()).max(16)];
+            for i in 0..self.hashes.len() {
+                self.place(i);
+            }
+        } else {
+            self.place(item);
+        }
+        item
+    }
+
+    /// Puts item `i` in the first free slot from its hash on.
+    fn place(&mut self, i: usize) {
+        let mask = self.slots.len() - 1;
+        let mut slot = self.hashes[i] as usize & mask;
+        while self.slots[slot] != 0 {
+            slot = (slot + 1) & mask;
+        }
+        self.slots[slot] = i + 1;
+    }
+
+    /// The hash of item `i`.
+    fn hash(&self, i: usize) -> u64 {
+        self.hashes[i]
+    }
 }
 
 /// A hash-consed expression DAG.
 #[derive(Debug, Default)]
 pub struct Graph {
     nodes: Vec<Node>,
-    /// The first node with a given hash; the others follow in `same_hash`.
-    index: HashMap<u64, NodeId>,
-    same_hash: Vec<Option<NodeId>>,
+    /// The children of every node, one after the other.
+    arg_pool: Vec<NodeId>,
+    node_index: Index,
+    /// The distinct shells.
+    shells: Vec<Arc<Expr>>,
+    shell_index: Index,
+    /// Deterministic, so a shell's hash holds in every graph.
     hasher: RandomState,
-    /// The shells of `-a` (key `None`) and of `a op b`, built once.
-    operators: Vec<(Option<Operator>, Arc<Expr>)>,
+    /// The shells of `-a` (key `None`) and of `a op b`.
+    operators: Vec<(Option<Operator>, ShellId)>,
 }
-
 /// The hole that stands for a child inside a shell.
 pub(crate) fn hole() -> Expr {
     Expr::Literal(ScalarValue::Null, None)
@@ -52,6 +119,40 @@ fn split(expr: Expr) -> Result<(Expr, Vec<Expr>)> {
         })?
         .data;
     Ok((shell, children))
+}
+
+/// [`split`] without cloning the children, for the commonest kinds of node
+/// (and leaves): the shell, with the children appended to `children`;
+/// `None` for the other kinds.
+fn split_ref<'e>(expr: &'e Expr, children: &mut Vec<&'e Expr>) -> Option<Expr> {
+    let boxed = || Box::new(hole());
+    let shell = match expr {
+        Expr::ScalarFunction(f) => Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::clone(&f.func),
+            vec![hole(); f.args.len()],
+        )),
+        Expr::Cast(c) => Expr::Cast(Cast::new_from_field(boxed(), Arc::clone(&c.field))),
+        Expr::TryCast(c) => Expr::TryCast(TryCast::new_from_field(boxed(), Arc::clone(&c.field))),
+        Expr::Not(_) => Expr::Not(boxed()),
+        Expr::IsNull(_) => Expr::IsNull(boxed()),
+        Expr::IsNotNull(_) => Expr::IsNotNull(boxed()),
+        Expr::Case(c) => Expr::Case(Case::new(
+            c.expr.as_ref().map(|_| boxed()),
+            c.when_then_expr
+                .iter()
+                .map(|_| (boxed(), boxed()))
+                .collect(),
+            c.else_expr.as_ref().map(|_| boxed()),
+        )),
+        Expr::Column(_) | Expr::Literal(..) => expr.clone(),
+        _ => return None,
+    };
+    expr.apply_children(|child| {
+        children.push(child);
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .expect("collecting children cannot fail");
+    Some(shell)
 }
 
 /// Puts `children` back into the holes of `shell`.
@@ -85,75 +186,94 @@ impl Graph {
 
     /// The shell of node `id` (children are holes).
     pub fn shell(&self, id: NodeId) -> &Expr {
-        &self.nodes[id].shell
+        &self.shells[self.nodes[id].shell]
+    }
+
+    /// The id of node `id`'s shell.
+    pub(crate) fn shell_id(&self, id: NodeId) -> ShellId {
+        self.nodes[id].shell
     }
 
     /// The children of node `id`.
     pub fn args(&self, id: NodeId) -> &[NodeId] {
-        &self.nodes[id].args
+        &self.arg_pool[self.nodes[id].args.clone()]
     }
 
     /// The value of node `id` if it is a Float64 literal.
     pub fn number(&self, id: NodeId) -> Option<f64> {
-        match self.nodes[id].shell.as_ref() {
+        match self.shell(id) {
             Expr::Literal(ScalarValue::Float64(Some(v)), _) => Some(*v),
             _ => None,
         }
     }
 
     /// The node for `shell(args)`, created if new (no folding).
-    pub fn add(&mut self, shell: Expr, args: Vec<NodeId>) -> NodeId {
-        self.find_or_insert(&shell, &args, |shell| Arc::new(shell.clone()))
+    pub fn add(&mut self, shell: Expr, args: &[NodeId]) -> NodeId {
+        let shell = self.intern_shell(shell);
+        self.node(shell, args)
     }
 
-    /// [`Graph::add`] for a shell that other nodes may share.
-    fn add_shared(&mut self, shell: &Arc<Expr>, args: &[NodeId]) -> NodeId {
-        self.find_or_insert(shell, args, |_| Arc::clone(shell))
-    }
-
-    /// The node for `shell(args)`; `own` makes the shell to store when it is new.
-    fn find_or_insert(
-        &mut self,
-        shell: &Expr,
-        args: &[NodeId],
-        own: impl FnOnce(&Expr) -> Arc<Expr>,
-    ) -> NodeId {
-        let hash = self.hasher.hash_one((shell, args));
-        let first = self.index.get(&hash).copied();
-        let mut next = first;
-        while let Some(id) = next {
-            let node = &self.nodes[id];
-            if node.args == args && *node.shell == *shell {
-                return id;
-            }
-            next = self.same_hash[id];
+    /// The id of `shell`, added if new.
+    fn intern_shell(&mut self, shell: Expr) -> ShellId {
+        let hash = self.hasher.hash_one(&shell);
+        match self.find_shell(&shell, hash) {
+            Some(s) => s,
+            None => self.push_shell(Arc::new(shell), hash),
         }
-        let id = self.nodes.len();
+    }
+
+    /// The id of `shell`, whose hash is `hash`, if the graph has it.
+    fn find_shell(&self, shell: &Expr, hash: u64) -> Option<ShellId> {
+        let shells = &self.shells;
+        self.shell_index.find(hash, |s| {
+            let known = shells[s].as_ref();
+            std::ptr::eq(known, shell) || *known == *shell
+        })
+    }
+
+    /// Adds a shell the graph does not have yet.
+    fn push_shell(&mut self, shell: Arc<Expr>, hash: u64) -> ShellId {
+        self.shells.push(shell);
+        self.shell_index.push(hash)
+    }
+
+    /// The node for the shell `shell` applied to `args`, created if new.
+    fn node(&mut self, shell: ShellId, args: &[NodeId]) -> NodeId {
+        let hash = self.hasher.hash_one((shell, args));
+        let (nodes, pool) = (&self.nodes, &self.arg_pool);
+        let same = |id: NodeId| {
+            let node = &nodes[id];
+            node.shell == shell && pool[node.args.clone()] == *args
+        };
+        if let Some(id) = self.node_index.find(hash, same) {
+            return id;
+        }
+        let start = self.arg_pool.len();
+        self.arg_pool.extend_from_slice(args);
         self.nodes.push(Node {
-            shell: own(shell),
-            args: args.to_vec(),
+            shell,
+            args: start..self.arg_pool.len(),
         });
-        self.same_hash.push(first);
-        self.index.insert(hash, id);
-        id
+        self.node_index.push(hash)
     }
 
     /// The shell of `-a` (`op` `None`) or of `a op b`.
-    fn operator(&mut self, op: Option<Operator>) -> Arc<Expr> {
-        if let Some((_, shell)) = self.operators.iter().find(|(o, _)| *o == op) {
-            return Arc::clone(shell);
+    fn operator(&mut self, op: Option<Operator>) -> ShellId {
+        if let Some(&(_, shell)) = self.operators.iter().find(|(o, _)| *o == op) {
+            return shell;
         }
-        let shell = Arc::new(match op {
+        let shell = match op {
             None => Expr::Negative(Box::new(hole())),
             Some(op) => Expr::BinaryExpr(BinaryExpr::new(Box::new(hole()), op, Box::new(hole()))),
-        });
-        self.operators.push((op, Arc::clone(&shell)));
+        };
+        let shell = self.intern_shell(shell);
+        self.operators.push((op, shell));
         shell
     }
 
     /// A Float64 literal node.
     pub fn num(&mut self, v: f64) -> NodeId {
-        self.add(Expr::Literal(ScalarValue::Float64(Some(v)), None), vec![])
+        self.add(Expr::Literal(ScalarValue::Float64(Some(v)), None), &[])
     }
 
     /// A binary arithmetic node, folding literals and the neutral and absorbing
@@ -179,7 +299,7 @@ impl Graph {
             _ => {}
         }
         let shell = self.operator(Some(op));
-        self.add_shared(&shell, &[a, b])
+        self.node(shell, &[a, b])
     }
 
     /// `-a`, folding literals and double negation.
@@ -191,53 +311,66 @@ impl Graph {
             return self.args(a)[0];
         }
         let shell = self.operator(None);
-        self.add_shared(&shell, &[a])
+        self.node(shell, &[a])
     }
 
     /// Adds `expr` (without folding), aliases stripped; `leaf` may claim a
     /// subexpression as an existing node (used to substitute placeholders).
     pub fn intern(
         &mut self,
-        expr: Expr,
+        expr: &Expr,
         fold: bool,
         leaf: &mut dyn FnMut(&Expr) -> Result<Option<NodeId>>,
     ) -> Result<NodeId> {
-        enum Step {
-            Visit(Expr),
+        enum Step<'e> {
+            Visit(&'e Expr),
             Build(Expr, usize),
             /// `a op b` (`Some(op)`) or `-a` (`None`), the commonest shells.
             Operator(Option<Operator>),
         }
         let mut work = vec![Step::Visit(expr)];
         let mut done: Vec<NodeId> = Vec::new();
+        let mut children = Vec::new();
         while let Some(step) = work.pop() {
             match step {
-                Step::Visit(Expr::Alias(alias)) => work.push(Step::Visit(*alias.expr)),
+                Step::Visit(Expr::Alias(alias)) => work.push(Step::Visit(&alias.expr)),
                 Step::Visit(e) => {
-                    if let Some(id) = leaf(&e)? {
+                    if let Some(id) = leaf(e)? {
                         done.push(id);
                         continue;
                     }
                     match e {
                         Expr::BinaryExpr(b) => {
                             work.push(Step::Operator(Some(b.op)));
-                            work.push(Step::Visit(*b.right));
-                            work.push(Step::Visit(*b.left));
+                            work.push(Step::Visit(&b.right));
+                            work.push(Step::Visit(&b.left));
                         }
                         Expr::Negative(a) => {
                             work.push(Step::Operator(None));
-                            work.push(Step::Visit(*a));
+                            work.push(Step::Visit(a));
                         }
-                        e => {
-                            let (shell, children) = split(e)?;
-                            work.push(Step::Build(shell, children.len()));
-                            work.extend(children.into_iter().rev().map(Step::Visit));
-                        }
+                        e => match split_ref(e, &mut children) {
+                            Some(shell) => {
+                                work.push(Step::Build(shell, children.len()));
+                                work.extend(children.drain(..).rev().map(Step::Visit));
+                            }
+                            // A rarer kind of node: split from a clone, whose
+                            // children are interned on their own.
+                            None => {
+                                let (shell, children) = split(e.clone())?;
+                                let mut args = Vec::with_capacity(children.len());
+                                for child in &children {
+                                    args.push(self.intern(child, fold, leaf)?);
+                                }
+                                done.push(self.build(shell, &args, fold));
+                            }
+                        },
                     }
                 }
                 Step::Build(shell, n) => {
-                    let args = done.split_off(done.len() - n);
-                    let id = self.build(shell, args, fold);
+                    let start = done.len() - n;
+                    let id = self.build(shell, &done[start..], fold);
+                    done.truncate(start);
                     done.push(id);
                 }
                 Step::Operator(op) => {
@@ -255,7 +388,7 @@ impl Graph {
                             let n = if op.is_some() { 2 } else { 1 };
                             let start = done.len() - n;
                             let shell = self.operator(op);
-                            let id = self.add_shared(&shell, &done[start..]);
+                            let id = self.node(shell, &done[start..]);
                             done.truncate(start);
                             id
                         }
@@ -269,8 +402,8 @@ impl Graph {
 
     /// The node for `shell(args)`, folding arithmetic when `fold` holds and a
     /// field of a struct built in the graph always.
-    pub(crate) fn build(&mut self, shell: Expr, args: Vec<NodeId>, fold: bool) -> NodeId {
-        match self.fold(&shell, &args, fold) {
+    pub(crate) fn build(&mut self, shell: Expr, args: &[NodeId], fold: bool) -> NodeId {
+        match self.fold(&shell, args, fold) {
             Some(id) => id,
             None => self.add(shell, args),
         }
@@ -279,11 +412,16 @@ impl Graph {
     /// Adds node `id` of `other` with `args` as its children, folding
     /// arithmetic and sharing `other`'s shell.
     pub(crate) fn copy_node(&mut self, other: &Graph, id: NodeId, args: &[NodeId]) -> NodeId {
-        let shell = &other.nodes[id].shell;
-        match self.fold(shell, args, true) {
-            Some(id) => id,
-            None => self.add_shared(shell, args),
+        let s = other.nodes[id].shell;
+        let (shell, hash) = (&other.shells[s], other.shell_index.hash(s));
+        if let Some(id) = self.fold(shell, args, true) {
+            return id;
         }
+        let shell = match self.find_shell(shell, hash) {
+            Some(s) => s,
+            None => self.push_shell(Arc::clone(shell), hash),
+        };
+        self.node(shell, args)
     }
 
     /// The node `shell(args)` folds to, if it folds.
@@ -300,7 +438,7 @@ impl Graph {
     /// The value node of `get_field(named_struct(…, 'name', value, …), 'name')`
     /// (how a nested `grad(f, x, y)['x']` refers to one partial).
     fn struct_field(&self, shell: &Expr, args: &[NodeId]) -> Option<NodeId> {
-        let name_of = |id: NodeId| match self.nodes[id].shell.as_ref() {
+        let name_of = |id: NodeId| match self.shell(id) {
             Expr::Literal(v, _) => v.try_as_str().flatten(),
             _ => None,
         };
@@ -310,12 +448,10 @@ impl Graph {
             return None;
         }
         let key = name_of(args[1])?;
-        let fields = &self.nodes[args[0]];
-        if !is_call(&fields.shell, "named_struct") {
+        if !is_call(self.shell(args[0]), "named_struct") {
             return None;
         }
-        fields
-            .args
+        self.args(args[0])
             .chunks(2)
             .find(|pair| pair.len() == 2 && name_of(pair[0]) == Some(key))
             .map(|pair| pair[1])
@@ -335,7 +471,7 @@ impl Graph {
             if !seen[id] {
                 seen[id] = true;
                 if !stop(id) {
-                    stack.extend(&self.nodes[id].args);
+                    stack.extend(self.args(id));
                 }
             }
         }
@@ -352,8 +488,8 @@ impl Graph {
     pub fn tree_size(&self, roots: &[NodeId]) -> u64 {
         let mut size: HashMap<NodeId, u64> = HashMap::new();
         for id in self.reachable(roots) {
-            let s = self.nodes[id]
-                .args
+            let s = self
+                .args(id)
                 .iter()
                 .fold(1u64, |acc, a| acc.saturating_add(size[a]));
             size.insert(id, s);
@@ -377,7 +513,7 @@ impl Graph {
         let mut uses: HashMap<NodeId, usize> = HashMap::with_capacity(order.len());
         for &id in &order {
             if !bound.contains_key(&id) {
-                for &a in &self.nodes[id].args {
+                for &a in self.args(id) {
                     *uses.entry(a).or_default() += 1;
                 }
             }
@@ -399,9 +535,8 @@ impl Graph {
             let expr = match bound.get(&id) {
                 Some(e) => e.clone(),
                 None => {
-                    let node = &self.nodes[id];
-                    let children = node.args.iter().map(|&a| take(&mut built, a)).collect();
-                    fill(node.shell.as_ref().clone(), children)
+                    let children = self.args(id).iter().map(|&a| take(&mut built, a)).collect();
+                    fill(self.shell(id).clone(), children)
                 }
             };
             built.insert(id, expr);
@@ -453,5 +588,43 @@ impl<T> std::ops::Index<&NodeId> for NodeMap<T> {
 
     fn index(&self, id: &NodeId) -> &T {
         self.get(id).expect("node has a value")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::DataType;
+    use datafusion::logical_expr::{col, lit, when};
+    use datafusion::prelude::sin;
+
+    #[test]
+    fn split_ref_matches_split() {
+        let x = || col("x");
+        let exprs = [
+            sin(x() + lit(1.0)),
+            Expr::Cast(Cast::new(Box::new(x()), DataType::Int64)),
+            Expr::TryCast(TryCast::new(Box::new(x()), DataType::Int64)),
+            !x().gt(lit(0.0)),
+            x().is_null(),
+            x().is_not_null(),
+            when(x().gt(lit(0.0)), x())
+                .otherwise(lit(0.0))
+                .expect("valid CASE"),
+            Expr::Case(Case::new(
+                Some(Box::new(x())),
+                vec![(Box::new(lit(1.0)), Box::new(x()))],
+                None,
+            )),
+            x(),
+            lit(2.0),
+        ];
+        for e in exprs {
+            let mut children = Vec::new();
+            let shell = split_ref(&e, &mut children).expect("a common kind of node");
+            let (expected, owned) = split(e.clone()).expect("splits");
+            assert_eq!(shell, expected);
+            assert_eq!(children.into_iter().cloned().collect::<Vec<_>>(), owned);
+        }
     }
 }

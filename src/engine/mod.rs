@@ -76,7 +76,7 @@ pub fn differentiate(
     rules: &Rules,
 ) -> Result<Derivative> {
     let mut ws = Workspace::new(schema, rules);
-    let forward = ws.intern(f.clone())?;
+    let forward = ws.intern(f)?;
     let roots = ws.derivative(f, wrt, seed)?;
     let g = ws.graph();
     let tree = g.tree_size(&roots);
@@ -110,7 +110,7 @@ pub fn differentiate_shared(
     prefix: &str,
 ) -> Result<(Shared, Derivative)> {
     let mut ws = Workspace::new(schema, rules);
-    let forward = ws.intern(f.clone())?;
+    let forward = ws.intern(f)?;
     let forward_nodes = ws.graph().size(&[forward]);
     let roots = ws.derivative(f, wrt, seed)?;
     let derivative_nodes = ws.graph().size(&roots);

@@ -8,10 +8,10 @@ use datafusion::common::{Column, HashMap, ScalarValue};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Operator};
 
-use super::graph::{self, NodeId};
+use super::graph::{self, NodeId, NodeMap};
 use super::primitive;
 use super::template::{Local, Partials};
-use super::workspace::{promoted, Workspace};
+use super::workspace::Workspace;
 use crate::tensor::Shape;
 
 /// The state of one differentiation of the node `root`.
@@ -20,7 +20,7 @@ pub(crate) struct Sweep<'w, 'a> {
     root: NodeId,
     wrt: Vec<NodeId>,
     /// The index of each variable's node in `wrt`.
-    position: HashMap<NodeId, usize>,
+    position: NodeMap<usize>,
     active: Vec<bool>,
 }
 
@@ -38,13 +38,12 @@ impl<'w, 'a> Sweep<'w, 'a> {
     pub(crate) fn new(ws: &'w mut Workspace<'a>, root: NodeId, wrt: &[Column]) -> Result<Self> {
         let mut wrt_ids = Vec::with_capacity(wrt.len());
         for c in wrt {
-            let t = ws.columns.field(c)?.data_type().clone();
-            let v = promoted(Expr::Column(c.clone()), &t);
-            wrt_ids.push(ws.g.intern(v, false, &mut |_| Ok(None))?);
+            let column = ws.g.add(Expr::Column(c.clone()), &[]);
+            wrt_ids.push(ws.value(column)?);
         }
-        let mut position = HashMap::with_capacity(wrt_ids.len());
-        for (k, &id) in wrt_ids.iter().enumerate() {
-            position.entry(id).or_insert(k);
+        let mut position = NodeMap::default();
+        for (k, &id) in wrt_ids.iter().enumerate().rev() {
+            position.insert(id, k);
         }
         let g = &ws.g;
         let mut active = vec![false; g.len()];
@@ -85,23 +84,24 @@ impl<'w, 'a> Sweep<'w, 'a> {
         if !self.is_active(self.root) {
             return Ok(results);
         }
-        let mut incoming: HashMap<NodeId, Vec<Flow>> = HashMap::new();
-        incoming.insert(self.root, vec![seed]);
+        let mut incoming: Vec<Vec<Flow>> = vec![Vec::new(); self.root + 1];
+        incoming[self.root].push(seed);
         for id in (0..=self.root).rev() {
-            let Some(terms) = incoming.remove(&id) else {
+            let terms = std::mem::take(&mut incoming[id]);
+            if terms.is_empty() {
                 continue;
-            };
+            }
             let adjoint = self.sum(terms, id)?;
             if let Some(&k) = self.position.get(&id) {
                 results[k] = adjoint;
                 continue;
             }
-            let args = self.ws.g.args(id).to_vec();
             let (partials, values) = self.partials(id)?;
-            for (arg, partial) in args.into_iter().zip(partials.iter()) {
+            for (i, partial) in partials.iter().enumerate() {
+                let arg = self.ws.g.args(id)[i];
                 if let (true, Some(p)) = (self.is_active(arg), partial) {
                     let term = self.apply(adjoint, p, &values, true)?;
-                    incoming.entry(arg).or_default().push(term);
+                    incoming[arg].push(term);
                 }
             }
         }
@@ -204,14 +204,14 @@ impl<'w, 'a> Sweep<'w, 'a> {
         let on_branch = self
             .ws
             .g
-            .add(Expr::IsNotNull(Box::new(graph::hole())), vec![p]);
+            .add(Expr::IsNotNull(Box::new(graph::hole())), &[p]);
         let guard = match guard {
             None => on_branch,
             Some(g) => {
-                let no = self.ws.g.add(
-                    Expr::Literal(ScalarValue::Boolean(Some(false)), None),
-                    vec![],
-                );
+                let no = self
+                    .ws
+                    .g
+                    .add(Expr::Literal(ScalarValue::Boolean(Some(false)), None), &[]);
                 self.ws.case_when(g, on_branch, Some(no))
             }
         };
@@ -265,13 +265,15 @@ impl<'w, 'a> Sweep<'w, 'a> {
     /// literal arguments and argument shapes ([`template`]) and instantiated
     /// for each node.
     fn partials(&mut self, id: NodeId) -> Result<(Rc<Partials>, Vec<NodeId>)> {
-        let args = self.ws.g.args(id).to_vec();
-        let literals: Vec<Option<f64>> = args.iter().map(|&a| self.ws.literal_value(a)).collect();
-        let mut shapes = Vec::with_capacity(args.len());
+        let arity = self.ws.g.args(id).len();
+        let mut literals = Vec::with_capacity(arity);
+        let mut shapes = Vec::with_capacity(arity);
         // Numbers enter partials as Float64, tensors as Float64 tensors;
         // other arguments (CASE conditions) as they are.
-        let mut values: Vec<NodeId> = Vec::with_capacity(args.len());
-        for &a in &args {
+        let mut values: Vec<NodeId> = Vec::with_capacity(arity);
+        for i in 0..arity {
+            let a = self.ws.g.args(id)[i];
+            literals.push(self.ws.literal_value(a));
             let t = self.ws.data_type(a)?;
             let shape = Shape::of(&t);
             shapes.push(shape.unwrap_or(Shape::Scalar));
@@ -282,8 +284,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
             });
         }
         let out = Shape::of(&self.ws.data_type(id)?).unwrap_or(Shape::Scalar);
-        let shell = self.ws.g.shell(id).clone();
-        let templates = self.ws.templates(shell, literals, (shapes, out))?;
+        let templates = self.ws.templates(id, &literals, (shapes, out))?;
         Ok((templates, values))
     }
 }

@@ -19,7 +19,7 @@ use crate::tensor::Shape;
 #[derive(Debug)]
 pub(crate) struct Template {
     /// Nodes `0..arity` are the arguments; the others are built in order.
-    graph: Graph,
+    graph: Box<Graph>,
     arity: usize,
     root: NodeId,
 }
@@ -91,11 +91,11 @@ pub(crate) fn compile(
 impl Template {
     /// `expr` over the placeholders `0..arity`, interned.
     fn new(key: &str, expr: Expr, arity: usize) -> Result<Self> {
-        let mut graph = Graph::new();
+        let mut graph = Box::new(Graph::new());
         for i in 0..arity {
-            graph.add(Call::placeholder(i), vec![]);
+            graph.add(Call::placeholder(i), &[]);
         }
-        let root = graph.intern(expr, true, &mut |e| match e {
+        let root = graph.intern(&expr, true, &mut |e| match e {
             Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ARG_PREFIX) => {
                 match c.name[ARG_PREFIX.len()..].parse::<usize>() {
                     Ok(i) if i < arity => Ok(Some(i)),
@@ -112,9 +112,12 @@ impl Template {
 
     /// Adds this partial to `g` with `args` as its arguments; its node.
     pub(crate) fn instantiate(&self, g: &mut Graph, args: &[NodeId]) -> NodeId {
-        let mut ids: Vec<NodeId> = args[..self.arity].to_vec();
+        let mut ids: Vec<NodeId> = Vec::with_capacity(self.graph.len());
+        ids.extend_from_slice(&args[..self.arity]);
+        let mut children = Vec::new();
         for id in self.arity..self.graph.len() {
-            let children: Vec<NodeId> = self.graph.args(id).iter().map(|&a| ids[a]).collect();
+            children.clear();
+            children.extend(self.graph.args(id).iter().map(|&a| ids[a]));
             ids.push(g.copy_node(&self.graph, id, &children));
         }
         ids[self.root]

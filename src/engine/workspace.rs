@@ -4,7 +4,7 @@
 //! across nesting (`grad(grad(f, x), x)` differentiates the inner derivative's
 //! DAG, never its expanded tree).
 
-use std::collections::BTreeSet;
+use std::borrow::Cow;
 use std::rc::Rc;
 
 use datafusion::arrow::datatypes::DataType;
@@ -18,7 +18,7 @@ use datafusion::logical_expr::{Case, Cast, Expr, ExprSchemable, Operator};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 
 use super::columns::Columns;
-use super::graph::{self, Graph, NodeId, NodeMap};
+use super::graph::{self, Graph, NodeId, NodeMap, ShellId};
 use super::nulls::Nulls;
 use super::primitive;
 use super::sweep::Sweep;
@@ -32,9 +32,9 @@ use crate::tensor::Shape;
 /// Prefix of the placeholder columns that stand for nested markers' derivatives.
 const NODE_PREFIX: &str = "__dfgrad_node";
 
-/// What a rule's compiled partials depend on: the shell, the literal
-/// arguments' values and the argument and output shapes.
-type TemplateKey = (Expr, Vec<Option<u64>>, Vec<Shape>, Shape);
+/// A rule's partials compiled for one shell, with what else they depend on:
+/// the literal arguments' values (as bits) and the argument and output shapes.
+type Compiled = (Vec<Option<u64>>, (Vec<Shape>, Shape), Rc<Partials>);
 
 /// Derivatives under construction over one schema.
 pub struct Workspace<'a> {
@@ -45,7 +45,7 @@ pub struct Workspace<'a> {
     types: NodeMap<DataType>,
     safe: NodeMap<bool>,
     nullable: NodeMap<bool>,
-    templates: HashMap<TemplateKey, Rc<Partials>>,
+    templates: HashMap<ShellId, Vec<Compiled>>,
     nulls_like: Vec<(Expr, Expr)>,
 }
 
@@ -77,15 +77,19 @@ impl<'a> Workspace<'a> {
 
     /// Adds `e` to the DAG. Marker calls inside `e` (`grad`, `jvp`, `vjp`) are
     /// differentiated here, into the same DAG.
-    pub fn intern(&mut self, e: Expr) -> Result<NodeId> {
+    pub fn intern(&mut self, e: &Expr) -> Result<NodeId> {
         let mut inner: Vec<NodeId> = Vec::new();
-        let e = self.differentiate_markers(e, NODE_PREFIX, &mut inner)?;
-        self.g.intern(e, false, &mut |e| match e {
-            Expr::Column(c) => {
-                Ok(placeholder_index(c, NODE_PREFIX).and_then(|i| inner.get(i).copied()))
-            }
-            _ => Ok(None),
-        })
+        let rewritten = match e.exists(|e| Ok(as_marker(e).is_some()))? {
+            true => Some(self.differentiate_markers(e.clone(), NODE_PREFIX, &mut inner)?),
+            false => None,
+        };
+        self.g
+            .intern(rewritten.as_ref().unwrap_or(e), false, &mut |e| match e {
+                Expr::Column(c) => {
+                    Ok(placeholder_index(c, NODE_PREFIX).and_then(|i| inner.get(i).copied()))
+                }
+                _ => Ok(None),
+            })
     }
 
     /// `e` with each outermost marker call differentiated into this workspace:
@@ -137,14 +141,14 @@ impl<'a> Workspace<'a> {
         for (name, d) in names.into_iter().zip(outputs) {
             let name = self
                 .g
-                .add(Expr::Literal(ScalarValue::Utf8(Some(name)), None), vec![]);
+                .add(Expr::Literal(ScalarValue::Utf8(Some(name)), None), &[]);
             fields.extend([name, d]);
         }
         let shell = Expr::ScalarFunction(ScalarFunction::new_udf(
             named_struct(),
             vec![graph::hole(); fields.len()],
         ));
-        Ok(self.g.add(shell, fields))
+        Ok(self.g.add(shell, &fields))
     }
 
     /// The derivatives of `f` with respect to `wrt` as seeded by `seed`: one
@@ -153,8 +157,8 @@ impl<'a> Workspace<'a> {
     pub fn derivative(&mut self, f: &Expr, wrt: &[Column], seed: Seed) -> Result<Vec<NodeId>> {
         // Taken first: nested markers in `f` are differentiated below.
         let hints = std::mem::take(&mut self.nulls_like);
-        let promoted = promote_variables(f.clone(), wrt, &self.columns, self.schema)?;
-        let root = self.intern(promoted)?;
+        let promoted = promote_variables(f, wrt, &self.columns, self.schema)?;
+        let root = self.intern(&promoted)?;
         // Typed node by node: DataFusion's own `get_type` on a deep `f` is
         // quadratic (each level formats its arguments' names).
         let t = self.data_type(root)?;
@@ -191,7 +195,7 @@ impl<'a> Workspace<'a> {
                 _ => Some(f_shape),
             };
             let is_nullable = s.nullable(self.schema)?;
-            let id = self.intern(s.clone())?;
+            let id = self.intern(&s)?;
             let id = self.value(id)?;
             let got = Shape::of(&self.data_type(id)?);
             if got != want {
@@ -215,8 +219,8 @@ impl<'a> Workspace<'a> {
         }
         let mut like = Vec::with_capacity(hints.len());
         for (seed, value) in hints {
-            let seed = self.intern(seed)?;
-            like.push((self.value(seed)?, self.intern(value)?));
+            let seed = self.intern(&seed)?;
+            like.push((self.value(seed)?, self.intern(&value)?));
         }
         let mut sweep = Sweep::new(self, root, wrt)?;
         // The node whose shape each output has: its variable, or f for jvp.
@@ -247,7 +251,7 @@ impl<'a> Workspace<'a> {
             let t = self.data_type(d)?;
             nulls.push(
                 self.g
-                    .add(Expr::Literal(ScalarValue::try_from(&t)?, None), vec![]),
+                    .add(Expr::Literal(ScalarValue::try_from(&t)?, None), &[]),
             );
         }
         Ok(outputs
@@ -256,7 +260,7 @@ impl<'a> Workspace<'a> {
             .map(|(d, null)| {
                 let mut null_if = None;
                 for id in guards.needed(d) {
-                    let is_null = self.g.add(Expr::IsNull(Box::new(graph::hole())), vec![id]);
+                    let is_null = self.g.add(Expr::IsNull(Box::new(graph::hole())), &[id]);
                     null_if = Some(match null_if {
                         None => is_null,
                         Some(c) => self.g.binary(Operator::Or, c, is_null),
@@ -278,43 +282,48 @@ impl<'a> Workspace<'a> {
         self.nulls_like.push((seed, value));
     }
 
-    /// The partials of `shell` applied to arguments that are the literals
-    /// `literals[i]` where given, compiled from the rule table once.
+    /// The partials of node `id`'s shell applied to arguments that are the
+    /// literals `literals[i]` where given, compiled from the rule table once.
     pub(crate) fn templates(
         &mut self,
-        shell: Expr,
-        literals: Vec<Option<f64>>,
+        id: NodeId,
+        literals: &[Option<f64>],
         shapes: (Vec<Shape>, Shape),
     ) -> Result<Rc<Partials>> {
-        let key = (
-            shell,
-            literals.iter().map(|v| v.map(f64::to_bits)).collect(),
-            shapes.0,
-            shapes.1,
-        );
-        if let Some(t) = self.templates.get(&key) {
+        let bits = || literals.iter().map(|v| v.map(f64::to_bits));
+        let shell_id = self.g.shell_id(id);
+        let known = self.templates.get(&shell_id).and_then(|compiled| {
+            compiled
+                .iter()
+                .find(|(values, on, _)| values.iter().copied().eq(bits()) && *on == shapes)
+        });
+        if let Some((_, _, t)) = known {
             return Ok(Rc::clone(t));
         }
-        let name = primitive::rule_key(&key.0)?;
+        let shell = self.g.shell(id);
+        let name = primitive::rule_key(shell)?;
         let rule = self
             .rules
             .get(&name)
-            .or_else(|| match &key.0 {
+            .or_else(|| match shell {
                 Expr::ScalarFunction(f) => f.func.aliases().iter().find_map(|a| self.rules.get(a)),
                 _ => None,
             })
             .ok_or_else(|| {
                 GradError::non_differentiable(&name, "no derivative rule is registered for it")
             })?;
-        let shapes = (key.2.clone(), key.3);
         let compiled = Rc::new(template::compile(
             &name,
-            &key.0,
-            &literals,
-            shapes,
+            shell,
+            literals,
+            shapes.clone(),
             |call| rule.partials(call),
         )?);
-        self.templates.insert(key, Rc::clone(&compiled));
+        self.templates.entry(shell_id).or_default().push((
+            bits().collect(),
+            shapes,
+            Rc::clone(&compiled),
+        ));
         Ok(compiled)
     }
 
@@ -324,10 +333,12 @@ impl<'a> Workspace<'a> {
         if let Some(t) = self.types.get(&id) {
             return Ok(t.clone());
         }
-        for n in self.unclassified(id, |ws, n| ws.types.contains_key(&n)) {
-            let t = self.type_of_node(n)?;
-            self.types.insert(n, t);
-        }
+        let known = |ws: &Self, n| ws.types.contains_key(&n);
+        self.classify(id, known, |ws, n| {
+            let t = ws.type_of_node(n)?;
+            ws.types.insert(n, t);
+            Ok(())
+        })?;
         Ok(self.types[&id].clone())
     }
 
@@ -372,17 +383,28 @@ impl<'a> Workspace<'a> {
             .or_else(|_| self.g.emit(&[n])[0].get_type(self.schema))
     }
 
-    /// The nodes below `id` (itself included) not `done` yet, in ascending
-    /// (topological) order.
-    fn unclassified(&self, id: NodeId, done: impl Fn(&Self, NodeId) -> bool) -> BTreeSet<NodeId> {
-        let mut todo = BTreeSet::new();
+    /// Runs `classify` on node `id` and on every node below it that is not
+    /// `known` yet, each after its children (`classify` makes it known).
+    fn classify(
+        &mut self,
+        id: NodeId,
+        known: impl Fn(&Self, NodeId) -> bool,
+        mut classify: impl FnMut(&mut Self, NodeId) -> Result<()>,
+    ) -> Result<()> {
         let mut stack = vec![id];
-        while let Some(n) = stack.pop() {
-            if !done(self, n) && todo.insert(n) {
-                stack.extend(self.g.args(n));
+        while let Some(&n) = stack.last() {
+            if known(self, n) {
+                stack.pop();
+                continue;
+            }
+            let before = stack.len();
+            stack.extend(self.g.args(n).iter().filter(|&&a| !known(self, a)));
+            if stack.len() == before {
+                stack.pop();
+                classify(self, n)?;
             }
         }
-        todo
+        Ok(())
     }
 
     /// Whether node `id` may be SQL NULL (conservative: true when unsure).
@@ -392,10 +414,11 @@ impl<'a> Workspace<'a> {
         if let Some(&known) = self.nullable.get(&id) {
             return known;
         }
-        for n in self.unclassified(id, |ws, n| ws.nullable.contains_key(&n)) {
-            let any_child = self.g.args(n).iter().any(|a| self.nullable[a]);
-            let value = match self.g.shell(n) {
-                Expr::Column(c) => self.columns.field(c).map_or(true, |f| f.is_nullable()),
+        let known = |ws: &Self, n| ws.nullable.contains_key(&n);
+        self.classify(id, known, |ws, n| {
+            let any_child = ws.g.args(n).iter().any(|a| ws.nullable[a]);
+            let value = match ws.g.shell(n) {
+                Expr::Column(c) => ws.columns.field(c).map_or(true, |f| f.is_nullable()),
                 Expr::Literal(v, _) => v.is_null(),
                 Expr::IsNull(_) | Expr::IsNotNull(_) => false,
                 Expr::Case(case) => case.else_expr.is_none() || any_child,
@@ -407,18 +430,22 @@ impl<'a> Workspace<'a> {
                 }
                 _ => true,
             };
-            self.nullable.insert(n, value);
-        }
+            ws.nullable.insert(n, value);
+            Ok(())
+        })
+        .expect("nullability is always known");
         self.nullable[&id]
     }
 
     /// Whether evaluating node `id` can never raise an error, whatever the
     /// row: it and every node below it are [`Workspace::own_safe`].
     pub fn is_safe(&mut self, id: NodeId) -> Result<bool> {
-        for n in self.unclassified(id, |ws, n| ws.safe.contains_key(&n)) {
-            let safe = self.own_safe(n)? && self.g.args(n).iter().all(|a| self.safe[a]);
-            self.safe.insert(n, safe);
-        }
+        let known = |ws: &Self, n| ws.safe.contains_key(&n);
+        self.classify(id, known, |ws, n| {
+            let safe = ws.own_safe(n)? && ws.g.args(n).iter().all(|a| ws.safe[a]);
+            ws.safe.insert(n, safe);
+            Ok(())
+        })?;
         Ok(self.safe[&id])
     }
 
@@ -471,8 +498,10 @@ impl<'a> Workspace<'a> {
             vec![(hole(), hole())],
             otherwise.map(|_| hole()),
         ));
-        self.g
-            .add(shell, [cond, then].into_iter().chain(otherwise).collect())
+        match otherwise {
+            Some(otherwise) => self.g.add(shell, &[cond, then, otherwise]),
+            None => self.g.add(shell, &[cond, then]),
+        }
     }
 
     /// `CASE WHEN guard THEN t ELSE 0.0 END`: a guarded flow, 0 off its guard.
@@ -490,15 +519,15 @@ impl<'a> Workspace<'a> {
             return Ok(self.g.num(0.0));
         }
         let like = self.value(like)?;
-        Ok(self.tensor_call("zeros_like", vec![like]))
+        Ok(self.tensor_call("zeros_like", &[like]))
     }
 
     /// The elementwise sum of two tensor nodes.
     pub(crate) fn tensor_add(&mut self, a: NodeId, b: NodeId) -> NodeId {
-        self.tensor_call("tensor_add", vec![a, b])
+        self.tensor_call("tensor_add", &[a, b])
     }
 
-    fn tensor_call(&mut self, name: &str, args: Vec<NodeId>) -> NodeId {
+    fn tensor_call(&mut self, name: &str, args: &[NodeId]) -> NodeId {
         let shell = crate::tensor::call(name, vec![graph::hole(); args.len()]);
         self.g.add(shell, args)
     }
@@ -507,6 +536,9 @@ impl<'a> Workspace<'a> {
     /// A cast of a literal counts as the cast value (type coercion wraps
     /// literals in casts, e.g. the exponent of `power(x, 2)`).
     pub(crate) fn literal_value(&self, id: NodeId) -> Option<f64> {
+        if let Some(x) = self.g.number(id) {
+            return Some(x);
+        }
         let v = self.literal(id)?;
         if v.is_null() || !v.data_type().is_numeric() {
             return None;
@@ -539,7 +571,7 @@ impl<'a> Workspace<'a> {
             Some(shape) if shape.data_type() == t => Ok(id),
             Some(_) => {
                 let shell = promoted(Expr::Literal(ScalarValue::Null, None), &t);
-                Ok(self.g.add(shell, vec![id]))
+                Ok(self.g.add(shell, &[id]))
             }
             None => fail(
                 ErrorKind::UnsupportedType,
@@ -554,12 +586,12 @@ impl<'a> Workspace<'a> {
 /// BIGINT) * 3`) are removed first: they are the identity on integers, not a
 /// step function, and re-coercion redoes what they did in Float64. The
 /// variables of nested markers stay columns (each marker promotes its own).
-fn promote_variables(
-    f: Expr,
+fn promote_variables<'f>(
+    f: &'f Expr,
     wrt: &[Column],
     columns: &Columns,
     schema: &DFSchema,
-) -> Result<Expr> {
+) -> Result<Cow<'f, Expr>> {
     let mut promote = HashSet::new();
     for c in wrt {
         let t = columns.field(c)?.data_type();
@@ -577,9 +609,10 @@ fn promote_variables(
         }
     }
     if promote.is_empty() {
-        return Ok(f);
+        return Ok(Cow::Borrowed(f));
     }
     let f = f
+        .clone()
         .transform_up(|e| match e {
             Expr::Cast(c) if is_widening(&c.expr, c.field.data_type(), schema) => {
                 Ok(Transformed::yes(*c.expr))
@@ -601,7 +634,8 @@ fn promote_variables(
             },
         })?
         .data;
-    ExprSimplifier::new(SimplifyContext::default()).coerce(f, schema)
+    let f = ExprSimplifier::new(SimplifyContext::default()).coerce(f, schema)?;
+    Ok(Cow::Owned(f))
 }
 
 /// A nested marker call with the casts just added around its variables removed.
