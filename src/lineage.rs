@@ -489,16 +489,11 @@ fn value_use_of_outer(plan: &LogicalPlan, c: &Column) -> Result<Option<Expr>> {
         let exprs: Vec<Expr> = match node {
             LogicalPlan::Filter(filter) => split_conjunction(&filter.predicate)
                 .into_iter()
-                .filter(|conjunct| match conjunct {
-                    Expr::BinaryExpr(BinaryExpr {
-                        left,
-                        op: Operator::Eq,
-                        right,
-                    }) => {
-                        !((is_outer(left) && !uses(right).unwrap_or(true))
-                            || (is_outer(right) && !uses(left).unwrap_or(true)))
-                    }
-                    _ => true,
+                .filter(|conjunct| {
+                    // `outer = e` with `e` free of the outer reference: a key
+                    let key = |outer: &Expr, e: &Expr| is_outer(outer) && !uses(e).unwrap_or(true);
+                    !matches!(conjunct, Expr::BinaryExpr(BinaryExpr { left, op: Operator::Eq, right })
+                        if key(left, right) || key(right, left))
                 })
                 .cloned()
                 .collect(),
