@@ -62,17 +62,22 @@ pub fn config() -> SessionConfig {
 /// `SchedulerConfig::override_session_builder`.
 pub fn session_state(config: SessionConfig) -> Result<SessionState> {
     let mut state = ballista_core::utils::default_session_builder(config)?;
-    let ours = crate::session_context().state();
-    for f in ours.scalar_functions().values() {
-        state.register_udf(Arc::clone(f))?;
-    }
-    for f in ours.aggregate_functions().values() {
-        state.register_udaf(Arc::clone(f))?;
-    }
-    for f in ours.window_functions().values() {
-        state.register_udwf(Arc::clone(f))?;
-    }
+    add_functions(&crate::session_context().state(), &mut state)?;
     Ok(state)
+}
+
+/// Registers every scalar, aggregate and window function of `from` in `to`.
+fn add_functions(from: &SessionState, to: &mut SessionState) -> Result<()> {
+    for f in from.scalar_functions().values() {
+        to.register_udf(Arc::clone(f))?;
+    }
+    for f in from.aggregate_functions().values() {
+        to.register_udaf(Arc::clone(f))?;
+    }
+    for f in from.window_functions().values() {
+        to.register_udwf(Arc::clone(f))?;
+    }
+    Ok(())
 }
 
 /// The functions an executor resolves plan functions by: DataFusion's
@@ -87,7 +92,7 @@ pub fn function_registry() -> Result<BallistaFunctionRegistry> {
 pub async fn remote(url: &str) -> Result<SessionContext> {
     let local = crate::session_context_with_config(config());
     let ctx = SessionContext::remote_with_state(url, local.state()).await?;
-    Ok(client(&local, &ctx))
+    client(&local, &ctx)
 }
 
 /// A session of an in-process Ballista cluster (a scheduler and an
@@ -96,32 +101,21 @@ pub async fn remote(url: &str) -> Result<SessionContext> {
 pub async fn standalone() -> Result<SessionContext> {
     let local = crate::session_context_with_config(config());
     let ctx = SessionContext::standalone_with_state(local.state()).await?;
-    Ok(client(&local, &ctx))
+    client(&local, &ctx)
 }
 
 /// `ctx` (a Ballista client made from `local`'s state) with `local`'s
 /// functions put back — Ballista's upgrade of a session state replaces its
 /// function lists with Ballista's own — and with recursive queries driven by
 /// the client ([`recursion::ClientRecursion`]).
-fn client(local: &SessionContext, ctx: &SessionContext) -> SessionContext {
+fn client(local: &SessionContext, ctx: &SessionContext) -> Result<SessionContext> {
     let state = ctx.state();
     let planner = Arc::new(recursion::ClientRecursion::new(Arc::clone(
         state.query_planner(),
     )));
-    let ctx = SessionContext::new_with_state(
-        SessionStateBuilder::new_from_existing(state)
-            .with_query_planner(planner)
-            .build(),
-    );
-    let local = local.state();
-    for f in local.scalar_functions().values() {
-        ctx.register_udf(f.as_ref().clone());
-    }
-    for f in local.aggregate_functions().values() {
-        ctx.register_udaf(f.as_ref().clone());
-    }
-    for f in local.window_functions().values() {
-        ctx.register_udwf(f.as_ref().clone());
-    }
-    ctx
+    let mut state = SessionStateBuilder::new_from_existing(state)
+        .with_query_planner(planner)
+        .build();
+    add_functions(&local.state(), &mut state)?;
+    Ok(SessionContext::new_with_state(state))
 }
