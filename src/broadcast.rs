@@ -97,6 +97,31 @@ impl PhysicalOptimizerRule for BroadcastAggregate {
     }
 }
 
+/// Aggregates whose ungrouped accumulator has the same intermediate state
+/// as their groups accumulator.
+const SAME_STATE: &[&str] = &[
+    "sum",
+    "avg",
+    "count",
+    "min",
+    "max",
+    "var",
+    "var_pop",
+    "stddev",
+    "stddev_pop",
+    "median",
+];
+
+/// Whether the partial state this operator emits for `a` (its ungrouped
+/// accumulator's) is what DataFusion's final aggregate reads: a final
+/// `GROUP BY` merges with the groups accumulator where the function has one,
+/// and some functions' groups state differs (`corr`'s is sums of products,
+/// its ungrouped state means and moments), so only functions known to agree,
+/// or without a groups accumulator, are computed here.
+fn same_state(a: &AggregateFunctionExpr) -> bool {
+    !a.groups_accumulator_supported() || SAME_STATE.contains(&a.fun().name())
+}
+
 /// An operator between the aggregate and the cross join, applied to each
 /// joined batch in the order the plan had it.
 #[derive(Debug, Clone)]
@@ -207,7 +232,9 @@ impl BroadcastAggregateExec {
             && aggregate
                 .aggr_expr()
                 .iter()
-                .all(|a| !a.is_distinct() && a.order_bys().is_empty());
+                .all(|a| !a.is_distinct() && a.order_bys().is_empty())
+            && (aggregate.mode().output_mode() != AggregateOutputMode::Partial
+                || aggregate.aggr_expr().iter().all(|a| same_state(a)));
         if !plain {
             return Ok(None);
         }

@@ -168,6 +168,31 @@ async fn same_rows_as_stock_datafusion() -> Result<()> {
     Ok(())
 }
 
+/// `corr` keeps a different intermediate state in its ungrouped and its
+/// groups accumulator (DataFusion's final `GROUP BY` merges the groups one),
+/// so a partial aggregate with it is left to DataFusion; computed whole
+/// (one partition, mode `Single`) it is replaced. Same rows either way.
+#[tokio::test]
+async fn aggregates_with_a_groups_state_of_their_own() -> Result<()> {
+    let sql = "SELECT k, corr(x * w, y), covar_pop(x, y * w), approx_distinct(g), bool_and(x > w),
+                      bit_xor(g), sum(x)
+               FROM l CROSS JOIN r GROUP BY k";
+    for (partitions, replaced) in [(1, true), (3, false)] {
+        let ours = session(true, partitions).await?;
+        let stock = session(false, partitions).await?;
+        let plan = plan_text(&ours, sql).await?;
+        assert_eq!(
+            plan.contains("BroadcastAggregateExec"),
+            replaced,
+            "{partitions} partitions\n{plan}"
+        );
+        let got = rows(&ours.sql(sql).await?.collect().await?)?;
+        let want = rows(&stock.sql(sql).await?.collect().await?)?;
+        assert_same(&got, &want, &format!("{partitions} partitions: {sql}"));
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn partial_and_single_modes() -> Result<()> {
     let sql = "SELECT k, sum(x) FROM l CROSS JOIN r GROUP BY k";
