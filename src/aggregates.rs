@@ -1,6 +1,7 @@
 //! Differentiating *through* aggregates: `grad(avg(loss), w)`,
 //! `grad(sqrt(avg(e * e)), w)`, `grad(ln(sum(exp(z))), w)` where `w` is a
-//! GROUP BY key (constant within each group).
+//! GROUP BY key (constant within each group), or an outer reference in a
+//! subquery (constant over all its rows).
 //!
 //! For a marker whose `f` reads aggregate outputs `A₁ … Aₘ` (directly or
 //! through derived columns), the chain rule gives
@@ -37,8 +38,9 @@ use datafusion::logical_expr::{
 use crate::analyzer::{has_marker, rewrite_node, wrt_columns};
 use crate::engine::fill_placeholders;
 use crate::error::{fail, ErrorKind, GradError};
-use crate::lineage::{identity_of, AggregateRef, Scope, AGGREGATE_PREFIX};
+use crate::lineage::{identity_of, value_use_of_outer, AggregateRef, Scope, AGGREGATE_PREFIX};
 use crate::marker::{as_marker, Marker, MarkerKind};
+use crate::outer::outer_variables;
 use crate::rules::aggregate::{aggregate_rule, AggregateCall, SAME_NULLS};
 use crate::tensor::Shape;
 
@@ -124,14 +126,38 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     let Expr::ScalarFunction(call) = &e else {
         unreachable!("as_marker matched a scalar function")
     };
-    let wrt = wrt_columns(kind, &call.args);
-    let (f, refs) = scope.inline_through_aggregates(call.args[0].clone(), &wrt)?;
+    // The variables: columns, or outer references in a subquery (constant
+    // within every group). Any other variable is refused by the marker itself.
+    let variables: Vec<(Expr, &Column)> = kind
+        .wrt_positions(call.args.len())?
+        .into_iter()
+        .filter_map(|p| match &call.args[p] {
+            e @ (Expr::Column(c) | Expr::OuterReferenceColumn(_, c)) => Some((e.clone(), c)),
+            _ => None,
+        })
+        .collect();
+    let (wrt, outer) = (
+        wrt_columns(kind, &call.args),
+        outer_variables(kind, &call.args),
+    );
+    if variables.len() != kind.wrt_positions(call.args.len())?.len() {
+        return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
+    }
+    let (f, refs) = scope.inline_through_aggregates(call.args[0].clone(), &wrt, &outer)?;
     if refs.is_empty() {
         return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
     }
-    for w in &wrt {
-        let t = scope.schema().qualified_field_from_column(w)?.1.data_type();
-        if Shape::is_tensor_type(t) {
+    for (v, w) in &variables {
+        let t = match v {
+            Expr::OuterReferenceColumn(field, _) => field.data_type().clone(),
+            _ => scope
+                .schema()
+                .qualified_field_from_column(w)?
+                .1
+                .data_type()
+                .clone(),
+        };
+        if Shape::is_tensor_type(&t) {
             return fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
@@ -184,28 +210,45 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     let f = fill_placeholders(f, AGGREGATE_PREFIX, &values)?;
     let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
     // The total derivative with respect to each variable.
-    let mut totals = Vec::with_capacity(wrt.len());
-    for w in &wrt {
-        let id = scope.identity(w)?;
+    let mut totals = Vec::with_capacity(variables.len());
+    for (v, w) in &variables {
+        let id = match v {
+            Expr::Column(_) => scope.identity(w)?,
+            _ => None,
+        };
         let mut args = vec![f.clone()];
         let mut nulls_like = Vec::new();
         for (r, value) in refs.iter().zip(&values) {
             args.push(value.clone());
-            let (tangent, same_nulls) = derivative_aggregate(r, id, w, &grad, scope, added)?;
+            let (tangent, same_nulls) = derivative_aggregate(r, id, v, &grad, scope, added)?;
             if same_nulls {
                 nulls_like.push((args.len(), args.len() - 1));
             }
             args.push(tangent);
         }
-        args.extend([Expr::Column(w.clone()), lit(1.0)]);
+        args.extend([v.clone(), lit(1.0)]);
         let jvp = Marker::jvp_with_nulls_like(Arc::clone(&rules), nulls_like);
         totals.push(Expr::ScalarFunction(ScalarFunction::new_udf(
             Arc::new(ScalarUDF::new_from_impl(jvp)),
             args,
         )));
     }
-    let args = &call.args;
-    let result = match kind {
+    let names = variables.iter().map(|(_, c)| c.name.as_str());
+    let result = assemble(kind, &call.args, names, totals)?;
+    Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
+}
+
+/// The value of a marker call of `kind` with `args`, from the total
+/// derivative with respect to each of its variables (named `names`):
+/// `grad` one of them or a struct, `vjp` each times the cotangent, `jvp`
+/// their sum weighted by the tangents.
+pub(crate) fn assemble<'a>(
+    kind: MarkerKind,
+    args: &[Expr],
+    names: impl Iterator<Item = &'a str>,
+    totals: Vec<Expr>,
+) -> Result<Expr> {
+    Ok(match kind {
         MarkerKind::Grad | MarkerKind::Vjp => {
             let totals: Vec<Expr> = match kind {
                 MarkerKind::Vjp => totals.into_iter().map(|t| args[2].clone() * t).collect(),
@@ -214,9 +257,8 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             if totals.len() == 1 {
                 totals.into_iter().next().expect("one total")
             } else {
-                let names = kind.struct_names(wrt.iter().map(|c| c.name.as_str()))?;
                 named_struct(
-                    names
+                    kind.struct_names(names)?
                         .into_iter()
                         .zip(totals)
                         .flat_map(|(n, t)| [lit(n), t])
@@ -230,8 +272,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             .map(|(i, t)| args[2 * i + 2].clone() * t)
             .reduce(|a, b| a + b)
             .expect("at least one variable"),
-    };
-    Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
+    })
 }
 
 /// The aggregate (or window function) expression behind an output.
@@ -252,11 +293,12 @@ fn unalias(e: &Expr) -> &Expr {
 
 /// `dA/dw` for the aggregate (or window) output `r` as an expression over new
 /// aggregate (window) columns of its node, and whether it is SQL NULL
-/// exactly where `A` is; `id` is the variable's identity.
+/// exactly where `A` is; `id` is the variable's identity (`None` for an
+/// outer reference, which is constant within every group).
 fn derivative_aggregate(
     r: &AggregateRef,
     id: Option<crate::lineage::Identity>,
-    w: &Column,
+    w: &Expr,
     grad: &ScalarUDF,
     scope: &Scope,
     added: &mut Added,
@@ -312,9 +354,20 @@ fn derivative_aggregate(
         LogicalPlan::Window(_) => "PARTITION BY",
         _ => "GROUP BY",
     };
-    let w_in = match key.map(unalias) {
-        Some(Expr::Column(c)) => c.clone(),
-        Some(other) => {
+    let w_in = match (w, key.map(unalias)) {
+        (Expr::OuterReferenceColumn(_, c), _) => {
+            let is_c = |e: &Expr| Ok(matches!(e, Expr::OuterReferenceColumn(_, o) if o == c));
+            if value_use_of_outer(input, c)?.is_none()
+                && !args.iter().any(|a| a.exists(is_c).unwrap_or(true))
+            {
+                // Neither the aggregate nor its input reads the outer column
+                // as a value (an equality key selects rows: piecewise constant).
+                return Ok((lit(0.0), false));
+            }
+            w.clone()
+        }
+        (_, Some(Expr::Column(c))) => Expr::Column(c.clone()),
+        (_, Some(other)) => {
             return fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
@@ -323,7 +376,7 @@ fn derivative_aggregate(
                 ),
             )
         }
-        None => {
+        (_, None) => {
             let below = Scope::new(vec![input.as_ref()])?;
             if id.is_some_and(|id| below.sees(id)) {
                 return fail(
@@ -349,12 +402,12 @@ fn derivative_aggregate(
         GradError::non_differentiable(
             name,
             "no derivative rule is registered for this aggregate (supported: sum, avg, count, \
-             var_samp, var_pop, stddev, stddev_pop, covar_samp, covar_pop, min, max)",
+             var_samp, var_pop, stddev, stddev_pop, covar_samp, covar_pop, corr, min, max)",
         )
     })?;
     let derivatives = args
         .iter()
-        .map(|g| grad.call(vec![g.clone(), Expr::Column(w_in.clone())]))
+        .map(|g| grad.call(vec![g.clone(), w_in.clone()]))
         .collect();
     let derivative = match (r.plan, aggregate_call(r)) {
         (LogicalPlan::Aggregate(a), Expr::AggregateFunction(call)) => {

@@ -8,9 +8,12 @@
 //! - through aggregates: a marker whose `f` reads aggregate outputs is
 //!   rewritten by the chain rule across the Aggregate node (see
 //!   [`crate::aggregates`]);
-//! - a marker whose `f` depends on a window output, or on a subquery
-//!   correlated with the variable, is refused with a typed error (never
-//!   treated as an independent column, which would silently give 0);
+//! - through scalar subqueries: a subquery in `f` that reads the variable is
+//!   differentiated inside (see `src/subqueries.rs`), and a marker inside
+//!   a subquery may differentiate with respect to an outer column (see
+//!   `src/outer.rs`); a result DataFusion 55 cannot execute is refused
+//!   with a typed error, never treated as an independent column (which
+//!   would silently give 0);
 //! - the markers of one plan node are differentiated together in one DAG
 //!   ([`Workspace`]), and the subexpressions their derivatives share are
 //!   computed once, by projections inserted below the node ([`share`]): the
@@ -27,14 +30,18 @@ use datafusion::common::{Column, DFSchema};
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
-use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection};
-use datafusion::optimizer::AnalyzerRule;
+use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection, Subquery};
+use datafusion::optimizer::optimize_projections::OptimizeProjections;
+use datafusion::optimizer::{AnalyzerRule, OptimizerContext, OptimizerRule};
 
 use crate::aggregates::through_aggregates;
 use crate::dml::inline_updates;
 use crate::engine::{fill_placeholders, share, Layer, Workspace};
-use crate::lineage::Scope;
+use crate::error::{fail, ErrorKind};
+use crate::lineage::{value_use_of_outer, Scope};
 use crate::marker::{as_marker, expand_markers, MarkerKind};
+use crate::outer::{has_outer_variable, outer_variables};
+use crate::subqueries::through_subqueries;
 
 /// Prefix of the placeholder columns that stand for a node's derivatives
 /// while their shared parts are bound.
@@ -46,13 +53,78 @@ pub struct GradAnalyzer;
 
 impl AnalyzerRule for GradAnalyzer {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
-        let plan = plan.transform_up_with_subqueries(rewrite_node)?.data;
+        let plan = plan.transform_up_with_subqueries(rewrite_node)?;
+        let plan = match plan.transformed {
+            true => refresh_outer_references(plan.data)?,
+            false => plan.data,
+        };
         inline_updates(plan).map(|t| t.data)
     }
 
     fn name(&self) -> &str {
         "datafusion_grad"
     }
+}
+
+/// `plan` with each subquery expression listing the outer columns its plan
+/// reads now: a derivative may read fewer than the expression it replaced
+/// (`d/dx avg(g.w · x) = avg(g.w)` is uncorrelated), and DataFusion
+/// decorrelates by that list.
+fn refresh_outer_references(plan: LogicalPlan) -> Result<LogicalPlan> {
+    let refresh = |s: &mut Subquery| -> Result<bool> {
+        if !executable(&s.subquery)? {
+            // A value the derivative no longer reads (the aggregate a
+            // derivative replaced) may be all that keeps it correlated.
+            s.subquery = Arc::new(prune(Arc::unwrap_or_clone(Arc::clone(&s.subquery)))?);
+        }
+        let now = s.subquery.all_out_ref_exprs();
+        let changed = now != s.outer_ref_columns;
+        s.outer_ref_columns = now;
+        Ok(changed)
+    };
+    Ok(plan
+        .transform_up_with_subqueries(|node| {
+            node.map_expressions(|e| {
+                e.transform_up(|e| {
+                    Ok(match e {
+                        Expr::ScalarSubquery(mut s) => {
+                            let changed = refresh(&mut s)?;
+                            Transformed::new_transformed(Expr::ScalarSubquery(s), changed)
+                        }
+                        Expr::Exists(mut x) => {
+                            let changed = refresh(&mut x.subquery)?;
+                            Transformed::new_transformed(Expr::Exists(x), changed)
+                        }
+                        Expr::InSubquery(mut x) => {
+                            let changed = refresh(&mut x.subquery)?;
+                            Transformed::new_transformed(Expr::InSubquery(x), changed)
+                        }
+                        e => Transformed::no(e),
+                    })
+                })
+            })
+        })?
+        .data)
+}
+
+/// Whether DataFusion 55 can decorrelate the subquery `plan`: it uses outer
+/// columns only as equality keys of filters.
+fn executable(plan: &LogicalPlan) -> Result<bool> {
+    for r in plan.all_out_ref_exprs() {
+        if let Expr::OuterReferenceColumn(_, c) = &r {
+            if value_use_of_outer(plan, c)?.is_some() {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// `plan` without the expressions nothing reads (DataFusion's
+/// `optimize_projections`).
+pub(crate) fn prune(plan: LogicalPlan) -> Result<LogicalPlan> {
+    let config = OptimizerContext::new();
+    Ok(OptimizeProjections::new().rewrite(plan, &config)?.data)
 }
 
 /// Whether `e` calls a marker.
@@ -65,22 +137,76 @@ pub(crate) fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
     }
+    let (node, subqueries) = through_subqueries(node)?;
     let node = through_aggregates(node)?;
     let node = inline_derived(node)?;
+    // Variables that are outer references are differentiated marker by
+    // marker, each localized (see `crate::outer`).
+    let outer: Vec<bool> = node.expressions().iter().map(has_outer_variable).collect();
     let plan = match node {
+        node if outer.contains(&true) => refuse_correlated(expand(node)?, &outer)?,
         LogicalPlan::Projection(_)
         | LogicalPlan::Aggregate(_)
         | LogicalPlan::Filter(_)
         | LogicalPlan::Sort(_)
         | LogicalPlan::Window(_) => differentiate_shared(node)?,
-        node => {
-            let schema = Scope::new(node.inputs())?.schema().clone();
-            node.map_expressions(|e| expand_markers(e, &schema))?
-                .data
-                .recompute_schema()?
-        }
+        node => expand(node)?,
     };
-    Ok(Transformed::yes(plan))
+    Ok(Transformed::yes(subqueries.finish(plan)?))
+}
+
+/// `node` (its markers with outer-reference variables differentiated, in
+/// the expressions flagged in `marked`) refused when such an expression
+/// still reads an outer column as a value: DataFusion 55 cannot execute
+/// that subquery.
+fn refuse_correlated(node: LogicalPlan, marked: &[bool]) -> Result<LogicalPlan> {
+    if matches!(node, LogicalPlan::Filter(_)) {
+        return Ok(node);
+    }
+    for (e, _) in node.expressions().iter().zip(marked).filter(|(_, m)| **m) {
+        let mut outer = None;
+        e.apply(|e| {
+            if let Expr::OuterReferenceColumn(field, c) = e {
+                outer = Some((c.clone(), field.is_nullable()));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if let Some((c, nullable)) = outer {
+            let null_test = match nullable {
+                true => format!(
+                    " (`{c}` can be NULL, and the derivative is NULL where f is, so it tests \
+                     `{c}`: declare the column NOT NULL if it has no NULLs)"
+                ),
+                false => String::new(),
+            };
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "the derivative with respect to the outer column `{c}` is `{e}`, which still \
+                     reads `{c}`{null_test}; DataFusion 55 cannot execute a correlated subquery \
+                     that uses an outer column anywhere but in an equality predicate (`WHERE \
+                     inner = outer`); write it as a join grouped by the variable instead, e.g. \
+                     `SELECT {n}, grad(avg(f), {n}) FROM outer_table CROSS JOIN inner_table \
+                     GROUP BY {n}`",
+                    n = c.name
+                ),
+            );
+        }
+    }
+    Ok(node)
+}
+
+/// `node` with each marker rewritten into a self-contained derivative.
+fn expand(node: LogicalPlan) -> Result<LogicalPlan> {
+    let schema = Scope::new(node.inputs())?.schema().clone();
+    let names = NamePreserver::new(&node);
+    node.map_expressions(|e| {
+        let saved = names.save(&e);
+        Ok(expand_markers(e, &schema)?.update_data(|e| saved.restore(e)))
+    })?
+    .data
+    .recompute_schema()
 }
 
 /// `node` with derived columns inlined into its markers' `f`.
@@ -225,8 +351,15 @@ fn rewrite_marker(e: Expr, scope: &Scope) -> Result<Transformed<Expr>> {
         unreachable!("as_marker matched a scalar function")
     };
     let wrt: Vec<Column> = wrt_columns(kind, &args);
+    let outer = outer_variables(kind, &args);
+    if kind.wrt_positions(args.len())?.len() != wrt.len() + outer.len() {
+        // Some variable is neither a column nor an outer reference: the
+        // marker itself refuses it.
+        let call = Expr::ScalarFunction(ScalarFunction { func, args });
+        return Ok(Transformed::no(call));
+    }
     let f = args.remove(0);
-    let f = scope.inline(f, &wrt)?;
+    let f = scope.inline(f, &wrt, &outer)?;
     args.insert(0, f.data);
     let call = Expr::ScalarFunction(ScalarFunction { func, args });
     Ok(Transformed::new_transformed(call, f.transformed))

@@ -40,7 +40,9 @@ pub mod export;
 pub mod lineage;
 pub mod marker;
 pub mod options;
+mod outer;
 pub mod rules;
+mod subqueries;
 #[cfg(feature = "substrait")]
 pub mod substrait;
 pub mod tensor;

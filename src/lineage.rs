@@ -226,23 +226,26 @@ impl<'p> Scope<'p> {
         &self,
         f: Expr,
         wrt: &[Column],
+        outer: &[Column],
     ) -> Result<(Expr, Vec<AggregateRef<'p>>)> {
         let record = RefCell::new(Vec::new());
-        let f = self.inline_with(f, wrt, Some(&record))?.data;
+        let f = self.inline_with(f, wrt, outer, Some(&record))?.data;
         Ok((f, record.into_inner()))
     }
 
-    /// `f` with every derived column that depends on a variable in `wrt`
-    /// replaced by its definition. Refuses `f` when it depends on an
-    /// aggregate or window output (that needs the aggregate rule).
-    pub fn inline(&self, f: Expr, wrt: &[Column]) -> Result<Transformed<Expr>> {
-        self.inline_with(f, wrt, None)
+    /// `f` with every derived column that depends on a variable replaced by
+    /// its definition: a column in `wrt`, or an outer reference to a column
+    /// in `outer` (a marker inside a subquery). Refuses `f` when it depends
+    /// on an aggregate or window output (that needs the aggregate rule).
+    pub fn inline(&self, f: Expr, wrt: &[Column], outer: &[Column]) -> Result<Transformed<Expr>> {
+        self.inline_with(f, wrt, outer, None)
     }
 
     fn inline_with(
         &self,
         f: Expr,
         wrt: &[Column],
+        outer: &[Column],
         record: Option<&RefCell<Vec<AggregateRef<'p>>>>,
     ) -> Result<Transformed<Expr>> {
         let mut wrt_ids = HashMap::new();
@@ -256,6 +259,7 @@ impl<'p> Scope<'p> {
         let inliner = Inliner {
             scope: self,
             wrt: &wrt_ids,
+            outer,
             record,
         };
         f.transform_up(|e| match &e {
@@ -275,6 +279,8 @@ impl<'p> Scope<'p> {
 struct Inliner<'s, 'p> {
     scope: &'s Scope<'p>,
     wrt: &'s HashMap<Identity, Column>,
+    /// Variables that are outer references (the marker is in a subquery).
+    outer: &'s [Column],
     /// Where aggregate outputs are recorded, when they are differentiated through.
     record: Option<&'s RefCell<Vec<AggregateRef<'p>>>>,
 }
@@ -318,10 +324,10 @@ impl<'p> Inliner<'_, 'p> {
             Origin::Aggregated { name, .. } => fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
-                    "the differentiated expression depends on `{name}`, a window function \
-                     output; differentiating through window functions is not supported yet: \
-                     put the marker inside the window function's argument instead, e.g. \
-                     avg(grad(f, x)) OVER (…)"
+                    "the differentiated expression depends on `{name}`, an aggregate or \
+                     window function output that cannot be differentiated through here: put \
+                     the marker inside the function's argument instead, e.g. avg(grad(f, x)) \
+                     or avg(grad(f, x)) OVER (…)"
                 ),
             ),
             Origin::Derived { expr, input, .. } if self.depends(expr, input)? => {
@@ -406,6 +412,10 @@ impl<'p> Inliner<'_, 'p> {
         let mut found = false;
         let mut failure = None;
         expr.apply(|e| {
+            if matches!(e, Expr::OuterReferenceColumn(_, c) if self.outer.contains(c)) {
+                found = true;
+                return Ok(TreeNodeRecursion::Stop);
+            }
             if let Expr::Column(c) = e {
                 let result = input
                     .schema()
@@ -449,14 +459,39 @@ impl<'p> Inliner<'_, 'p> {
     /// is one side of an equality in a filter (it becomes a join key); there
     /// the result is piecewise constant in the variable (a lookup by key,
     /// like a `CASE` condition), so its derivative is 0 and the subquery is
-    /// a constant. Any other use of the variable inside the subquery is a
-    /// shape DataFusion 55 cannot run at all: refused, saying so.
+    /// a constant. A subquery that uses the variable as a value in the `f`
+    /// of a projection's or filter's marker is differentiated inside before
+    /// this runs (`src/subqueries.rs`); one found here (in an aggregate's
+    /// marker, a derived column, a nested marker) is refused, saying that
+    /// DataFusion 55 cannot run that shape.
     fn check_subquery(&self, subquery: &Subquery) -> Result<()> {
         for r in &subquery.outer_ref_columns {
             let Expr::OuterReferenceColumn(_, c) = r else {
                 continue;
             };
             if !self.wrt.values().any(|w| w == c) {
+                // A column derived from the variable, read inside as a value:
+                // the subquery is differentiated inside only with respect to
+                // the variable itself.
+                let derived = match self.scope.schema.index_of_column(c) {
+                    Ok(i) => match self.scope.origin(i)? {
+                        Origin::Derived { expr, input, .. } => self.depends(expr, input)?,
+                        _ => false,
+                    },
+                    Err(_) => false,
+                };
+                if derived {
+                    if let Some(used) = value_use_of_outer(&subquery.subquery, c)? {
+                        return fail(
+                            ErrorKind::NeedsPlanContext,
+                            format!(
+                                "a scalar subquery uses `{c}`, a column derived from the \
+                                 variable, through an outer reference in `{used}`; write the \
+                                 subquery over the variable itself (its definition inlined)"
+                            ),
+                        );
+                    }
+                }
                 continue;
             }
             if let Some(used) = value_use_of_outer(&subquery.subquery, c)? {
@@ -481,7 +516,7 @@ impl<'p> Inliner<'_, 'p> {
 
 /// The first expression in `plan` (or its subqueries) that uses the outer
 /// column `c` other than as one side of an equality conjunct of a filter.
-fn value_use_of_outer(plan: &LogicalPlan, c: &Column) -> Result<Option<Expr>> {
+pub(crate) fn value_use_of_outer(plan: &LogicalPlan, c: &Column) -> Result<Option<Expr>> {
     let is_outer = |e: &Expr| matches!(e, Expr::OuterReferenceColumn(_, o) if o == c);
     let uses = |e: &Expr| e.exists(|n| Ok(is_outer(n)));
     let mut offending = None;

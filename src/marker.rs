@@ -31,8 +31,9 @@ use datafusion::logical_expr::{
     Volatility,
 };
 
-use crate::engine::{differentiate, Seed};
+use crate::engine::{differentiate_with_hints, Seed};
 use crate::error::{fail, ErrorKind};
+use crate::outer::localize;
 use crate::rules::Rules;
 use crate::tensor::Shape;
 
@@ -152,11 +153,22 @@ impl Marker {
     }
 
     /// The derivative this call stands for, over `schema`, as self-contained
-    /// expressions (see [`crate::engine::differentiate`]).
+    /// expressions (see [`crate::engine::differentiate`]). A variable that
+    /// is an outer reference (a marker inside a subquery) is localized first
+    /// (see `src/outer.rs`).
     pub fn rewrite(&self, args: &[Expr], schema: &DFSchema) -> Result<Expr> {
+        if let Some(local) = localize(self.kind, args, schema)? {
+            return local.restore(self.rewrite(&local.args, &local.schema)?);
+        }
         let (wrt, seed) = self.kind.request(args)?;
         let rules = self.rules.read().expect("rule table lock");
-        let mut exprs = differentiate(&args[0], &wrt, seed, schema, &rules)?.exprs;
+        let hints = self
+            .nulls_like
+            .iter()
+            .filter_map(|&(t, v)| Some((args.get(t)?.clone(), args.get(v)?.clone())))
+            .collect();
+        let mut exprs =
+            differentiate_with_hints(&args[0], &wrt, seed, schema, &rules, hints)?.exprs;
         if exprs.len() == 1 {
             return Ok(exprs.remove(0));
         }
@@ -188,15 +200,24 @@ impl MarkerKind {
                     )
                 }
                 other => {
+                    // A prepared statement's parameter arrives as its value.
+                    let hint = match other {
+                        Expr::Literal(..) | Expr::Placeholder(_) => {
+                            "; a parameter ($1) is replaced by its value before the derivative \
+                             is taken: make it a column, e.g. `SELECT avg(grad(f, w)) FROM t \
+                             CROSS JOIN (SELECT $1 AS w) AS p`"
+                        }
+                        _ => "",
+                    };
                     return fail(
                         ErrorKind::InvalidWrt,
                         format!(
                             "{}: argument {} must be a column of the input to differentiate \
-                             with respect to, got `{other}`",
+                             with respect to, got `{other}`{hint}",
                             self.name(),
                             p + 1
                         ),
-                    )
+                    );
                 }
             }
         }

@@ -75,8 +75,25 @@ pub fn differentiate(
     schema: &DFSchema,
     rules: &Rules,
 ) -> Result<Derivative> {
+    differentiate_with_hints(f, wrt, seed, schema, rules, vec![])
+}
+
+/// [`differentiate`], declaring for each `(t, v)` of `nulls_like` that the
+/// tangent `t` is SQL NULL exactly where `v` is (see
+/// [`Workspace::nulls_like`]).
+pub(crate) fn differentiate_with_hints(
+    f: &Expr,
+    wrt: &[Column],
+    seed: Seed,
+    schema: &DFSchema,
+    rules: &Rules,
+    nulls_like: Vec<(Expr, Expr)>,
+) -> Result<Derivative> {
     let mut ws = Workspace::new(schema, rules);
     let forward = ws.intern(f)?;
+    for (t, v) in nulls_like {
+        ws.nulls_like(t, v);
+    }
     let roots = ws.derivative(f, wrt, seed)?;
     let g = ws.graph();
     let tree = g.tree_size(&roots);

@@ -6,14 +6,21 @@
 //! left out where the derivative is NULL there anyway: where `f` can only be
 //! NULL through some nullable leaves (columns, …) and only through strict
 //! operations (arithmetic, math functions), and the derivative reaches every
-//! one of those leaves through strict operations too. Leaves are tracked as
-//! bits of a mask; with more than 64 of them every test is kept.
+//! one of those leaves through strict operations too. Where the derivative
+//! covers only some of the leaves, the others are tested (`y IS NULL` for
+//! `d/dx (x·v + y) = v`) rather than `f` itself: the same rows, without
+//! evaluating `f` again, and without reading a leaf the derivative does not
+//! need (an outer column in a subquery). Leaves are tracked as bits of a
+//! mask; with more than 64 of them every test is kept.
 
 use datafusion::common::HashMap;
 
 use super::graph::{NodeId, NodeMap};
 use super::primitive::is_strict;
 use super::workspace::Workspace;
+
+/// Most leaves tested one by one in place of `f IS NULL`.
+const MAX_LEAF_TESTS: u32 = 4;
 
 /// The NULL tests a derivative of one `f` may need.
 pub(crate) struct Nulls {
@@ -22,6 +29,8 @@ pub(crate) struct Nulls {
     f: Option<(NodeId, Option<u64>)>,
     /// The nullable seeds, each with its own bit (0: always tested).
     seeds: Vec<(NodeId, u64)>,
+    /// The node of each bit.
+    leaves: Vec<NodeId>,
     /// For each node of the derivatives, the leaves it is surely NULL with.
     masks: NodeMap<u64>,
 }
@@ -40,6 +49,7 @@ impl Nulls {
         let mut nulls = Self {
             f: None,
             seeds: Vec::new(),
+            leaves: Vec::new(),
             masks: NodeMap::default(),
         };
         if f.is_none() && seeds.is_empty() {
@@ -72,6 +82,10 @@ impl Nulls {
             nulls.f = Some((root, mask));
         }
         nulls.seeds = seeds.iter().map(|&s| (s, bit(s).unwrap_or(0))).collect();
+        nulls.leaves = vec![f.unwrap_or_default(); bits.len()];
+        for (&n, &b) in &bits {
+            nulls.leaves[b.trailing_zeros() as usize] = n;
+        }
         let mut own: HashMap<NodeId, u64> = bits.clone();
         for &(seed, value) in like {
             if let Some(b) = bits.get(&value) {
@@ -94,8 +108,15 @@ impl Nulls {
         let covered = self.masks.get(&d).copied().unwrap_or(0);
         let mut out = Vec::new();
         if let Some((root, mask)) = self.f {
-            if !matches!(mask, Some(m) if m & !covered == 0) {
-                out.push(root);
+            match mask.map(|m| m & !covered) {
+                Some(0) => {}
+                // f is NULL exactly where one of these leaves is
+                Some(open) if open.count_ones() <= MAX_LEAF_TESTS => out.extend(
+                    (0..64)
+                        .filter(|b| open & (1 << b) != 0)
+                        .map(|b| self.leaves[b]),
+                ),
+                _ => out.push(root),
             }
         }
         for &(seed, b) in &self.seeds {

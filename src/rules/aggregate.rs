@@ -16,6 +16,7 @@
 //! | `stddev(g)` / `stddev_pop(g)` | `covar_samp(g, dg) / stddev(g)` / `covar_pop(g, dg) / stddev_pop(g)` |
 //! | `covar_samp(a, b)` / `covar_pop(a, b)` | `covar(da, b) + covar(a, db)` (same kind) |
 //! | `max(g)` / `min(g)` | `sum(dg where g = m) / count(g = m)`, `m` the group's max / min |
+//! | `corr(a, b)` | `dc/√(vₐ·v_b) − corr·(dvₐ/vₐ + dv_b/v_b)/2` over the pairs (below) |
 //!
 //! The variance rules use `Σ(g − ḡ) = 0`: `d var_pop = (2/n)·Σ(g − ḡ)·dg =
 //! 2·covar_pop(g, dg)`, computed with DataFusion's numerically stable
@@ -23,11 +24,19 @@
 //! derivative is NULL exactly where `g` is). For `max` and `min`, `m` is a
 //! window function over the group (`max(g) OVER (PARTITION BY keys)`) that
 //! the analyzer computes below the aggregate; ties share the derivative evenly.
+//!
+//! `corr(a, b) = c / √(vₐ·v_b)` with `c = covar_pop(a, b)` and `vₐ`, `v_b`
+//! the population variances, all over the rows where both `a` and `b` are
+//! not NULL (as DataFusion's `corr` pairs them): `dc` is the covariance
+//! product rule and `dvₐ = 2·covar_pop(a, da)` over those rows. Where `corr`
+//! is NULL (fewer than two pairs, or a constant side) the derivative is too:
+//! its second term multiplies by `corr`.
 
 use std::sync::Arc;
 
 use datafusion::error::Result;
 use datafusion::functions_aggregate::average::avg_udaf;
+use datafusion::functions_aggregate::correlation::corr_udaf;
 use datafusion::functions_aggregate::covariance::{covar_pop_udaf, covar_samp_udaf};
 use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
 use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
@@ -173,6 +182,7 @@ pub const AGGREGATE_RULES: &[(&str, AggregateRule)] = &[
     ("covar_pop", |c| Ok(covariance_product(c, covar_pop_udaf()))),
     ("max", |c| extreme(c, max_udaf())),
     ("min", |c| extreme(c, min_udaf())),
+    ("corr", correlation),
 ];
 
 /// `max(g)` / `min(g)`: the derivative at the rows that attain it, split
@@ -184,6 +194,23 @@ fn extreme(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Result<Expr> {
         c.aggregate(sum_udaf(), vec![when(at.clone(), c.derivative(0)).end()?])
             / c.aggregate(sum_udaf(), vec![when(at, num(1.0)).end()?]),
     )
+}
+
+/// `corr(a, b)`: the quotient rule over `covar_pop(a, b) / √(vₐ·v_b)`, every
+/// term over the rows where both arguments are not NULL.
+fn correlation(c: &AggregateCall) -> Result<Expr> {
+    let (a, b) = (c.arg(0), c.arg(1));
+    // `x` where the other argument is not NULL: pairs with a NULL are skipped.
+    let paired = |x: Expr, other: Expr| when(other.is_not_null(), x).end();
+    let cov = |x: Expr, y: Expr| c.aggregate(covar_pop_udaf(), vec![x, y]);
+    let var_a = cov(a.clone(), paired(a.clone(), b.clone())?);
+    let var_b = cov(b.clone(), paired(b.clone(), a.clone())?);
+    let d_cov = covariance_product(c, covar_pop_udaf());
+    let d_var_a = num(2.0) * cov(paired(a.clone(), b.clone())?, c.derivative(0));
+    let d_var_b = num(2.0) * cov(paired(b.clone(), a.clone())?, c.derivative(1));
+    let corr = c.aggregate(corr_udaf(), vec![a, b]);
+    let root = datafusion::functions::math::expr_fn::sqrt(var_a.clone() * var_b.clone());
+    Ok(d_cov / root - corr * (d_var_a / var_a + d_var_b / var_b) / num(2.0))
 }
 
 /// `cov(g, dg)` of the one-argument aggregate `c`.
