@@ -388,6 +388,21 @@ fn derivative_aggregate(
                     ),
                 );
             }
+            if let Expr::Column(c) = w {
+                if input.schema().has_column(c) || keys.iter().any(|k| unalias(k) == w) {
+                    // The same name below, but not traced to the same value:
+                    // never guess 0 (seen with a prepared statement's
+                    // parameter, substituted before the plan is analyzed).
+                    return fail(
+                        ErrorKind::NeedsPlanContext,
+                        format!(
+                            "the variable `{w}` is visible below {name}(…) but could not be \
+                             traced to the same value there; put the marker inside the \
+                             aggregate instead, e.g. avg(grad(f, {w}))"
+                        ),
+                    );
+                }
+            }
             // The aggregate's input does not see the variable at all.
             return Ok((lit(0.0), false));
         }

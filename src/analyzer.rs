@@ -32,7 +32,7 @@ use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection, Subquery};
 use datafusion::optimizer::optimize_projections::OptimizeProjections;
-use datafusion::optimizer::{AnalyzerRule, OptimizerContext, OptimizerRule};
+use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, OptimizerRule};
 
 use crate::aggregates::through_aggregates;
 use crate::dml::inline_updates;
@@ -63,6 +63,41 @@ impl AnalyzerRule for GradAnalyzer {
 
     fn name(&self) -> &str {
         "datafusion_grad"
+    }
+}
+
+/// The analyzer's rewrite as the first optimizer rule. DataFusion 55's
+/// `PREPARE` optimizes the statement without analyzing it, and a marker left
+/// to its own `simplify` has no plan context (a derived column or an
+/// aggregate output would count as independent of the variable: silently
+/// 0). Plans without markers are left alone.
+#[derive(Debug, Default)]
+pub struct GradBeforeOptimizing;
+
+impl OptimizerRule for GradBeforeOptimizing {
+    fn name(&self) -> &str {
+        "datafusion_grad_before_optimizing"
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        let mut marked = false;
+        plan.apply_with_subqueries(|node| {
+            marked = node.expressions().iter().any(has_marker);
+            Ok(match marked {
+                true => TreeNodeRecursion::Stop,
+                false => TreeNodeRecursion::Continue,
+            })
+        })?;
+        if !marked {
+            return Ok(Transformed::no(plan));
+        }
+        Ok(Transformed::yes(
+            GradAnalyzer.analyze(plan, config.options().as_ref())?,
+        ))
     }
 }
 

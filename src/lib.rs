@@ -54,6 +54,7 @@ use datafusion::execution::context::SessionConfig;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::ScalarUDF;
+use datafusion::optimizer::OptimizerRule;
 use datafusion::prelude::SessionContext;
 
 pub use bindings::inline_common_subexpressions;
@@ -88,7 +89,11 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     ctx.add_optimizer_rule(Arc::new(dml::InlineUpdates));
     let state = ctx.state_ref();
     let mut state = state.write();
+    let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
+        vec![Arc::new(analyzer::GradBeforeOptimizing)];
+    optimizer_rules.extend(state.optimizer().rules.iter().cloned());
     *state = SessionStateBuilder::new_from_existing(state.clone())
+        .with_optimizer_rules(optimizer_rules)
         .with_physical_optimizer_rule(Arc::new(broadcast::BroadcastAggregate))
         .build();
 }
