@@ -38,7 +38,7 @@ use crate::aggregates::through_aggregates;
 use crate::dml::inline_updates;
 use crate::engine::{fill_placeholders, share, Layer, Workspace};
 use crate::error::{fail, ErrorKind};
-use crate::lineage::{value_use_of_outer, Scope};
+use crate::lineage::{correlated_value_use, Scope};
 use crate::marker::{as_marker, expand_markers, MarkerKind};
 use crate::outer::{has_outer_variable, outer_variables};
 use crate::subqueries::through_subqueries;
@@ -107,7 +107,7 @@ impl OptimizerRule for GradBeforeOptimizing {
 /// decorrelates by that list.
 fn refresh_outer_references(plan: LogicalPlan) -> Result<LogicalPlan> {
     let refresh = |s: &mut Subquery| -> Result<bool> {
-        if !executable(&s.subquery)? {
+        if correlated_value_use(&s.subquery)?.is_some() {
             // A value the derivative no longer reads (the aggregate a
             // derivative replaced) may be all that keeps it correlated.
             s.subquery = Arc::new(prune(Arc::unwrap_or_clone(Arc::clone(&s.subquery)))?);
@@ -140,19 +140,6 @@ fn refresh_outer_references(plan: LogicalPlan) -> Result<LogicalPlan> {
             })
         })?
         .data)
-}
-
-/// Whether DataFusion 55 can decorrelate the subquery `plan`: it uses outer
-/// columns only as equality keys of filters.
-fn executable(plan: &LogicalPlan) -> Result<bool> {
-    for r in plan.all_out_ref_exprs() {
-        if let Expr::OuterReferenceColumn(_, c) = &r {
-            if value_use_of_outer(plan, c)?.is_some() {
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
 }
 
 /// `plan` without the expressions nothing reads (DataFusion's

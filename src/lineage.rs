@@ -514,6 +514,20 @@ impl<'p> Inliner<'_, 'p> {
     }
 }
 
+/// The first outer column the subquery `plan` uses as a value (not as an
+/// equality key of a filter), with the expression that uses it: `None` when
+/// DataFusion 55 can decorrelate it.
+pub(crate) fn correlated_value_use(plan: &LogicalPlan) -> Result<Option<(Column, Expr)>> {
+    for r in plan.all_out_ref_exprs() {
+        if let Expr::OuterReferenceColumn(_, c) = &r {
+            if let Some(used) = value_use_of_outer(plan, c)? {
+                return Ok(Some((c.clone(), used)));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// The first expression in `plan` (or its subqueries) that uses the outer
 /// column `c` other than as one side of an equality conjunct of a filter.
 pub(crate) fn value_use_of_outer(plan: &LogicalPlan, c: &Column) -> Result<Option<Expr>> {

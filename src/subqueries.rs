@@ -43,7 +43,7 @@ use datafusion::logical_expr::{
 use crate::aggregates::assemble;
 use crate::analyzer::{prune, rewrite_node, wrt_columns};
 use crate::error::{fail, ErrorKind};
-use crate::lineage::value_use_of_outer;
+use crate::lineage::{correlated_value_use, value_use_of_outer};
 use crate::marker::{as_marker, Marker, MarkerKind};
 use crate::tensor::Shape;
 
@@ -223,25 +223,20 @@ fn derivative_subquery(
         Arc::clone(&s.subquery),
     )?);
     let plan = prune(plan.transform_up_with_subqueries(rewrite_node)?.data)?;
-    for r in plan.all_out_ref_exprs() {
-        let Expr::OuterReferenceColumn(_, o) = &r else {
-            continue;
-        };
-        if let Some(used) = value_use_of_outer(&plan, o)? {
-            return fail(
-                ErrorKind::NeedsPlanContext,
-                format!(
-                    "the derivative of the subquery `{}` with respect to `{c}` is a subquery \
+    if let Some((o, used)) = correlated_value_use(&plan)? {
+        return fail(
+            ErrorKind::NeedsPlanContext,
+            format!(
+                "the derivative of the subquery `{}` with respect to `{c}` is a subquery \
                      that still uses `{o}` through an outer reference in `{used}`; DataFusion 55 \
                      cannot execute a correlated scalar subquery that uses an outer column \
                      anywhere but in an equality predicate (`WHERE inner = outer`); write it \
                      as a join grouped by the variable instead, e.g. `SELECT {n}, \
                      grad(avg(f), {n}) FROM outer_table CROSS JOIN inner_table GROUP BY {n}`",
-                    Expr::ScalarSubquery(s.clone()),
-                    n = c.name
-                ),
-            );
-        }
+                Expr::ScalarSubquery(s.clone()),
+                n = c.name
+            ),
+        );
     }
     Ok(Expr::ScalarSubquery(Subquery {
         outer_ref_columns: plan.all_out_ref_exprs(),
