@@ -62,13 +62,18 @@ pub fn inline_common_subexpressions(plan: LogicalPlan) -> Result<LogicalPlan> {
 fn unbind(plan: LogicalPlan, derived_tables: bool) -> Result<LogicalPlan> {
     plan.transform_up_with_subqueries(|node| {
         // The unparser also prints a projection under a projection as a
-        // derived table with the same flaw.
+        // derived table with the same flaw, and prints a window's functions
+        // only into the projection right above it (a Window under an
+        // Aggregate, the extreme of each group for `max`'s derivative, would
+        // lose them).
         let under_projection = matches!(node, LogicalPlan::Projection(_));
+        let under_select = matches!(node, LogicalPlan::Projection(_) | LogicalPlan::Window(_));
         let undone = |input: &LogicalPlan| match derived_tables {
             true => {
                 is_binding(input)
                     || is_unbinding(input)
                     || (under_projection && matches!(input, LogicalPlan::Projection(_)))
+                    || (!under_select && matches!(input, LogicalPlan::Window(_)))
             }
             false => is_binding(input),
         };
@@ -142,15 +147,29 @@ fn is_bound_name(name: &str) -> bool {
         })
 }
 
-/// The binding projection `plan` as a derived table named after the
-/// qualifier of the columns it passes on; or, when they have several, the
-/// plan below it, with its definitions (in terms of that plan's columns)
-/// added to `defs`.
+/// The binding projection (or window) `plan` as a derived table named after
+/// the qualifier of the columns it passes on; or, when they have several,
+/// the plan below it, with its definitions (in terms of that plan's columns)
+/// added to `defs` (a window is then refused).
 fn derived_table(
     plan: &LogicalPlan,
     derived_tables: bool,
     defs: &mut HashMap<String, Expr>,
 ) -> Result<LogicalPlan> {
+    if let LogicalPlan::Window(w) = plan {
+        // A window passing all its columns on, as a projection over it.
+        let columns = w.schema.columns().into_iter().map(Expr::Column).collect();
+        let p = Projection::try_new(columns, Arc::new(plan.clone()))?;
+        return match derived_table(&LogicalPlan::Projection(p), derived_tables, defs)? {
+            LogicalPlan::SubqueryAlias(s) => Ok(LogicalPlan::SubqueryAlias(s)),
+            _ => Err(GradError::new(
+                ErrorKind::Unexportable,
+                "cannot export a window function read by an aggregate over columns of several \
+                 tables as SQL text",
+            )
+            .into()),
+        };
+    }
     let LogicalPlan::Projection(p) = plan else {
         unreachable!("is_binding checked it is a projection")
     };

@@ -303,6 +303,11 @@ FROM g GROUP BY w ORDER BY w;
 SELECT w, b, grad(max(w * x * x), w) AS dmax, grad(min(exp(w * x)), w) AS dmin
 FROM g GROUP BY w, b ORDER BY w, b;
 
+-- name: agg_max_over_join
+-- refuse: datafusion, duckdb, postgres, sqlite
+SELECT t.id, pts.x AS v, grad(max(t.x * pts.x * pts.x), pts.x) AS d
+FROM t CROSS JOIN pts GROUP BY t.id, pts.x ORDER BY t.id, v;
+
 -- name: agg_stddev_var
 -- refuse: sqlite
 SELECT w, b, grad(stddev(w * x + y), w) AS dsd, grad(var_samp(w * x * x), w) AS dvs
