@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
 use datafusion::error::Result;
@@ -40,7 +41,7 @@ use crate::engine::fill_placeholders;
 use crate::error::{fail, ErrorKind, GradError};
 use crate::lineage::{identity_of, value_use_of_outer, AggregateRef, Scope, AGGREGATE_PREFIX};
 use crate::marker::{as_marker, Marker, MarkerKind};
-use crate::outer::outer_variables;
+use crate::outer::{is_outer_variable, outer_name, outer_variables, same_outer, subquery_reads};
 use crate::rules::aggregate::{aggregate_rule, AggregateCall, SAME_NULLS};
 use crate::tensor::Shape;
 
@@ -126,13 +127,15 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     let Expr::ScalarFunction(call) = &e else {
         unreachable!("as_marker matched a scalar function")
     };
-    // The variables: columns, or outer references in a subquery (constant
-    // within every group). Any other variable is refused by the marker itself.
-    let variables: Vec<(Expr, &Column)> = kind
+    // The variables: columns, or outer variables (outer references in a
+    // subquery, parameters: constant within every group). Any other variable
+    // is refused by the marker itself.
+    let variables: Vec<(Expr, String)> = kind
         .wrt_positions(call.args.len())?
         .into_iter()
         .filter_map(|p| match &call.args[p] {
-            e @ (Expr::Column(c) | Expr::OuterReferenceColumn(_, c)) => Some((e.clone(), c)),
+            e @ Expr::Column(c) => Some((e.clone(), c.name.clone())),
+            e if is_outer_variable(e) => Some((e.clone(), outer_name(e))),
             _ => None,
         })
         .collect();
@@ -147,23 +150,28 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     if refs.is_empty() {
         return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
     }
-    for (v, w) in &variables {
+    for (v, _) in &variables {
         let t = match v {
-            Expr::OuterReferenceColumn(field, _) => field.data_type().clone(),
-            _ => scope
+            Expr::Column(c) => scope
                 .schema()
-                .qualified_field_from_column(w)?
+                .qualified_field_from_column(c)?
                 .1
                 .data_type()
                 .clone(),
+            Expr::OuterReferenceColumn(field, _) => field.data_type().clone(),
+            Expr::Placeholder(p) => p
+                .field
+                .as_ref()
+                .map_or(DataType::Null, |f| f.data_type().clone()),
+            _ => unreachable!("variables are columns and outer variables"),
         };
         if Shape::is_tensor_type(&t) {
             return fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
-                    "{}: differentiating through an aggregate with respect to the tensor `{w}` \
+                    "{}: differentiating through an aggregate with respect to the tensor `{v}` \
                      is not supported; aggregate the per-row gradient instead, e.g. \
-                     tensor_avg(grad(loss, {w})) for grad(avg(loss), {w})",
+                     tensor_avg(grad(loss, {v})) for grad(avg(loss), {v})",
                     kind.name()
                 ),
             );
@@ -211,9 +219,9 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
     // The total derivative with respect to each variable.
     let mut totals = Vec::with_capacity(variables.len());
-    for (v, w) in &variables {
+    for (v, _) in &variables {
         let id = match v {
-            Expr::Column(_) => scope.identity(w)?,
+            Expr::Column(c) => scope.identity(c)?,
             _ => None,
         };
         let mut args = vec![f.clone()];
@@ -233,7 +241,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             args,
         )));
     }
-    let names = variables.iter().map(|(_, c)| c.name.as_str());
+    let names = variables.iter().map(|(_, name)| name.as_str());
     let result = assemble(kind, &call.args, names, totals)?;
     Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
 }
@@ -294,7 +302,7 @@ fn unalias(e: &Expr) -> &Expr {
 /// `dA/dw` for the aggregate (or window) output `r` as an expression over new
 /// aggregate (window) columns of its node, and whether it is SQL NULL
 /// exactly where `A` is; `id` is the variable's identity (`None` for an
-/// outer reference, which is constant within every group).
+/// outer variable, which is constant within every group).
 fn derivative_aggregate(
     r: &AggregateRef,
     id: Option<crate::lineage::Identity>,
@@ -362,6 +370,24 @@ fn derivative_aggregate(
             {
                 // Neither the aggregate nor its input reads the outer column
                 // as a value (an equality key selects rows: piecewise constant).
+                return Ok((lit(0.0), false));
+            }
+            w.clone()
+        }
+        (Expr::Placeholder(_), _) => {
+            let reads = |e: &Expr| e.exists(|n| Ok(same_outer(n, w) || subquery_reads(n, w)?));
+            let mut read = args.iter().any(|a| reads(a).unwrap_or(true));
+            input.apply_with_subqueries(|node| {
+                for e in node.expressions() {
+                    read |= reads(&e)?;
+                }
+                Ok(match read {
+                    true => TreeNodeRecursion::Stop,
+                    false => TreeNodeRecursion::Continue,
+                })
+            })?;
+            if !read {
+                // The aggregate's rows do not depend on the parameter.
                 return Ok((lit(0.0), false));
             }
             w.clone()

@@ -20,6 +20,7 @@ use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{Distinct, Expr, JoinType, LogicalPlan, Operator, Subquery};
 
 use crate::error::{fail, ErrorKind};
+use crate::outer::{same_outer, subquery_reads};
 
 /// The identity of a value: the plan node that defines it, and its index there.
 pub type Identity = (usize, usize);
@@ -226,7 +227,7 @@ impl<'p> Scope<'p> {
         &self,
         f: Expr,
         wrt: &[Column],
-        outer: &[Column],
+        outer: &[Expr],
     ) -> Result<(Expr, Vec<AggregateRef<'p>>)> {
         let record = RefCell::new(Vec::new());
         let f = self.inline_with(f, wrt, outer, Some(&record))?.data;
@@ -234,10 +235,11 @@ impl<'p> Scope<'p> {
     }
 
     /// `f` with every derived column that depends on a variable replaced by
-    /// its definition: a column in `wrt`, or an outer reference to a column
-    /// in `outer` (a marker inside a subquery). Refuses `f` when it depends
-    /// on an aggregate or window output (that needs the aggregate rule).
-    pub fn inline(&self, f: Expr, wrt: &[Column], outer: &[Column]) -> Result<Transformed<Expr>> {
+    /// its definition: a column in `wrt`, or an outer variable in `outer`
+    /// (an outer reference of a marker inside a subquery, or a parameter).
+    /// Refuses `f` when it depends on an aggregate or window output (that
+    /// needs the aggregate rule).
+    pub fn inline(&self, f: Expr, wrt: &[Column], outer: &[Expr]) -> Result<Transformed<Expr>> {
         self.inline_with(f, wrt, outer, None)
     }
 
@@ -245,7 +247,7 @@ impl<'p> Scope<'p> {
         &self,
         f: Expr,
         wrt: &[Column],
-        outer: &[Column],
+        outer: &[Expr],
         record: Option<&RefCell<Vec<AggregateRef<'p>>>>,
     ) -> Result<Transformed<Expr>> {
         let mut wrt_ids = HashMap::new();
@@ -279,8 +281,8 @@ impl<'p> Scope<'p> {
 struct Inliner<'s, 'p> {
     scope: &'s Scope<'p>,
     wrt: &'s HashMap<Identity, Column>,
-    /// Variables that are outer references (the marker is in a subquery).
-    outer: &'s [Column],
+    /// Variables from outside the rows (see `crate::outer`).
+    outer: &'s [Expr],
     /// Where aggregate outputs are recorded, when they are differentiated through.
     record: Option<&'s RefCell<Vec<AggregateRef<'p>>>>,
 }
@@ -412,9 +414,14 @@ impl<'p> Inliner<'_, 'p> {
         let mut found = false;
         let mut failure = None;
         expr.apply(|e| {
-            if matches!(e, Expr::OuterReferenceColumn(_, c) if self.outer.contains(c)) {
-                found = true;
-                return Ok(TreeNodeRecursion::Stop);
+            for v in self.outer {
+                // A subquery reading a parameter: found, and refused where
+                // the definition would be moved.
+                if same_outer(e, v) || (matches!(v, Expr::Placeholder(_)) && subquery_reads(e, v)?)
+                {
+                    found = true;
+                    return Ok(TreeNodeRecursion::Stop);
+                }
             }
             if let Expr::Column(c) = e {
                 let result = input

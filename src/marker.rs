@@ -15,6 +15,8 @@
 //! SELECT vjp(sin(x), x, 3.0) FROM t;
 //! -- higher order by nesting: ∂²/∂x² sin(x) = -sin(x)
 //! SELECT grad(grad(sin(x), x), x) FROM t;
+//! -- with respect to a prepared statement's parameter
+//! PREPARE q(DOUBLE) AS SELECT grad(avg((x * $1 - y) ^ 2), $1) FROM t;
 //! ```
 
 use std::hash::{Hash, Hasher};
@@ -154,8 +156,8 @@ impl Marker {
 
     /// The derivative this call stands for, over `schema`, as self-contained
     /// expressions (see [`crate::engine::differentiate`]). A variable that
-    /// is an outer reference (a marker inside a subquery) is localized first
-    /// (see `src/outer.rs`).
+    /// is an outer reference (a marker inside a subquery) or a prepared
+    /// statement's parameter is localized first (see `src/outer.rs`).
     pub fn rewrite(&self, args: &[Expr], schema: &DFSchema) -> Result<Expr> {
         if let Some(local) = localize(self.kind, args, schema)? {
             return local.restore(self.rewrite(&local.args, &local.schema)?);
@@ -200,12 +202,15 @@ impl MarkerKind {
                     )
                 }
                 other => {
-                    // A prepared statement's parameter arrives as its value.
+                    // A parameter bound before the plan is analyzed (the
+                    // DataFrame API's parameter values) arrives as its value.
                     let hint = match other {
-                        Expr::Literal(..) | Expr::Placeholder(_) => {
-                            "; a parameter ($1) is replaced by its value before the derivative \
-                             is taken: make it a column, e.g. `SELECT avg(grad(f, w)) FROM t \
-                             CROSS JOIN (SELECT $1 AS w) AS p`"
+                        Expr::Literal(..) => {
+                            "; a parameter bound before the derivative is taken arrives as its \
+                             value: differentiate with respect to it in a prepared statement \
+                             (`PREPARE q(DOUBLE) AS SELECT grad(f, $1) …; EXECUTE q(2.0)`), or \
+                             make it a column, e.g. `SELECT avg(grad(f, w)) FROM t CROSS JOIN \
+                             (SELECT $1 AS w) AS p`"
                         }
                         _ => "",
                     };

@@ -1,7 +1,8 @@
 //! Gradients through aggregates and window aggregates against central finite
 //! differences: every aggregate rule (sum, avg, count, var/stddev both kinds,
 //! covar both kinds, corr, min, max), nonlinear functions of aggregates, and window
-//! aggregates, each over several row-wise arguments and evaluation points.
+//! aggregates, each over several row-wise arguments and evaluation points,
+//! with respect to a GROUP BY key and to a prepared statement's parameter.
 
 use datafusion::arrow::array::{Array, Float64Array};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -77,15 +78,34 @@ fn column(batches: &[RecordBatch], name: &str) -> Vec<Option<f64>> {
     out
 }
 
+/// Column `name` of the last of the `;`-separated statements `sql`.
 async fn rows(ctx: &SessionContext, sql: &str, name: &str) -> Vec<Option<f64>> {
-    let batches = ctx
-        .sql(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    let mut batches = Vec::new();
+    for statement in sql.split("; ") {
+        batches = ctx
+            .sql(statement)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .collect()
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
     column(&batches, name)
+}
+
+/// `f` with the identifier `w` replaced by `by`.
+fn replace_w(f: &str, by: &str) -> String {
+    let chars: Vec<char> = f.chars().collect();
+    let word = |c: Option<&char>| c.is_some_and(|c| c.is_alphanumeric() || *c == '_');
+    let mut out = String::new();
+    for (i, c) in chars.iter().enumerate() {
+        let alone = !word(i.checked_sub(1).and_then(|j| chars.get(j))) && !word(chars.get(i + 1));
+        match (c, alone) {
+            ('w', true) => out.push_str(by),
+            _ => out.push(*c),
+        }
+    }
+    out
 }
 
 /// Checks `grad(f, w)` against finite differences of `f` for each template
@@ -186,6 +206,54 @@ async fn window_aggregates_match_finite_differences() {
     })
     .await;
     // 4 templates x 5 arguments x 3 points x 15 rows
+    assert!(compared >= 700, "only {compared} values compared");
+}
+
+/// The aggregate and window templates differentiated with respect to a
+/// prepared statement's parameter `$1` (`EXECUTE`d at each point), against
+/// finite differences of `f` with the parameter's value as a column.
+#[tokio::test(flavor = "multi_thread")]
+async fn parameters_match_finite_differences() {
+    let ctx = context().await;
+    let statement = std::sync::atomic::AtomicUsize::new(0);
+    let prepared = |select: String, w: f64| {
+        let n = statement.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("PREPARE q{n}(DOUBLE) AS {select}; EXECUTE q{n}({w:?})")
+    };
+    let compared = check(&ctx, AGGREGATES, |f, with_grad, w| match with_grad {
+        true => prepared(
+            format!(
+                "SELECT g, grad({}, $1) AS d FROM t GROUP BY g ORDER BY g",
+                replace_w(f, "$1")
+            ),
+            w,
+        ),
+        false => format!(
+            "SELECT g, CAST({f} AS DOUBLE) AS f FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
+             GROUP BY g, w ORDER BY g"
+        ),
+    })
+    .await;
+    assert!(compared >= 500, "only {compared} values compared");
+    let windows: Vec<String> = WINDOWS
+        .iter()
+        .map(|t| t.replace("PARTITION BY g, w", "PARTITION BY g"))
+        .collect();
+    let windows: Vec<&str> = windows.iter().map(String::as_str).collect();
+    let compared = check(&ctx, &windows, |f, with_grad, w| match with_grad {
+        true => prepared(
+            format!(
+                "SELECT g, x, grad({}, $1) AS d FROM t ORDER BY g, x",
+                replace_w(f, "$1")
+            ),
+            w,
+        ),
+        false => format!(
+            "SELECT g, x, CAST({f} AS DOUBLE) AS f FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
+             ORDER BY g, x"
+        ),
+    })
+    .await;
     assert!(compared >= 700, "only {compared} values compared");
 }
 
