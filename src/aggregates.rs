@@ -41,7 +41,9 @@ use crate::engine::fill_placeholders;
 use crate::error::{fail, ErrorKind, GradError};
 use crate::lineage::{identity_of, value_use_of_outer, AggregateRef, Scope, AGGREGATE_PREFIX};
 use crate::marker::{as_marker, Marker, MarkerKind};
-use crate::outer::{is_outer_variable, outer_name, outer_variables, same_outer, subquery_reads};
+use crate::outer::{
+    is_outer_variable, outer_name, outer_variables, plan_reads, same_outer, subquery_reads,
+};
 use crate::rules::aggregate::{aggregate_rule, AggregateCall, SAME_NULLS};
 use crate::tensor::Shape;
 
@@ -376,17 +378,7 @@ fn derivative_aggregate(
         }
         (Expr::Placeholder(_), _) => {
             let reads = |e: &Expr| e.exists(|n| Ok(same_outer(n, w) || subquery_reads(n, w)?));
-            let mut read = args.iter().any(|a| reads(a).unwrap_or(true));
-            input.apply_with_subqueries(|node| {
-                for e in node.expressions() {
-                    read |= reads(&e)?;
-                }
-                Ok(match read {
-                    true => TreeNodeRecursion::Stop,
-                    false => TreeNodeRecursion::Continue,
-                })
-            })?;
-            if !read {
+            if !args.iter().any(|a| reads(a).unwrap_or(true)) && !plan_reads(input, w)? {
                 // The aggregate's rows do not depend on the parameter.
                 return Ok((lit(0.0), false));
             }

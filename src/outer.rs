@@ -31,7 +31,7 @@ use datafusion::arrow::datatypes::FieldRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, TableReference};
 use datafusion::error::Result;
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use crate::error::{fail, ErrorKind};
 use crate::marker::{as_marker, MarkerKind};
@@ -167,15 +167,7 @@ pub(crate) fn localize(
 /// Refuses `f` when a subquery in it reads the parameter `v`: the engine
 /// takes a subquery as a constant.
 fn refuse_in_subquery(kind: MarkerKind, f: &Expr, v: &Expr) -> Result<()> {
-    let mut found = false;
-    f.apply(|e| {
-        found |= subquery_reads(e, v)?;
-        Ok(match found {
-            true => TreeNodeRecursion::Stop,
-            false => TreeNodeRecursion::Continue,
-        })
-    })?;
-    match found {
+    match f.exists(|e| subquery_reads(e, v))? {
         true => fail(
             ErrorKind::NeedsPlanContext,
             format!(
@@ -207,12 +199,17 @@ impl Localized {
 
 /// Whether `e` is a subquery expression whose plan reads the outer variable `v`.
 pub(crate) fn subquery_reads(e: &Expr, v: &Expr) -> Result<bool> {
-    let plan = match e {
-        Expr::ScalarSubquery(s) => &s.subquery,
-        Expr::Exists(x) => &x.subquery.subquery,
-        Expr::InSubquery(x) => &x.subquery.subquery,
-        _ => return Ok(false),
-    };
+    match e {
+        Expr::ScalarSubquery(s) => plan_reads(&s.subquery, v),
+        Expr::Exists(x) => plan_reads(&x.subquery.subquery, v),
+        Expr::InSubquery(x) => plan_reads(&x.subquery.subquery, v),
+        _ => Ok(false),
+    }
+}
+
+/// Whether an expression of `plan` (or of its subqueries) reads the outer
+/// variable `v`.
+pub(crate) fn plan_reads(plan: &LogicalPlan, v: &Expr) -> Result<bool> {
     let mut found = false;
     plan.apply_with_subqueries(|node| {
         for e in node.expressions() {

@@ -179,17 +179,36 @@ async fn context() -> SessionContext {
     ctx
 }
 
+/// `f` (and `grad(f, w)` if `with_grad`) per group `g`, with `w` a GROUP BY key.
+fn grouped_query(f: &str, with_grad: bool, w: f64) -> String {
+    let d = if with_grad {
+        format!(", grad({f}, w) AS d")
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT g, CAST({f} AS DOUBLE) AS f{d} FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
+         GROUP BY g, w ORDER BY g"
+    )
+}
+
+/// `f` (and `grad(f, w)` if `with_grad`) per row, `w` a column of every row.
+fn window_query(f: &str, with_grad: bool, w: f64) -> String {
+    let d = if with_grad {
+        format!(", grad({f}, w) AS d")
+    } else {
+        String::new()
+    };
+    format!(
+        "SELECT g, x, CAST({f} AS DOUBLE) AS f{d} FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
+         ORDER BY g, x"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn aggregates_match_finite_differences() {
     let ctx = context().await;
-    let compared = check(&ctx, AGGREGATES, |f, with_grad, w| {
-        let d = if with_grad { format!(", grad({f}, w) AS d") } else { String::new() };
-        format!(
-            "SELECT g, CAST({f} AS DOUBLE) AS f{d} FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
-             GROUP BY g, w ORDER BY g"
-        )
-    })
-    .await;
+    let compared = check(&ctx, AGGREGATES, grouped_query).await;
     // 19 templates x 5 arguments x 3 points x 3 groups, less kinks and NULLs
     assert!(compared >= 500, "only {compared} values compared");
 }
@@ -197,14 +216,7 @@ async fn aggregates_match_finite_differences() {
 #[tokio::test(flavor = "multi_thread")]
 async fn window_aggregates_match_finite_differences() {
     let ctx = context().await;
-    let compared = check(&ctx, WINDOWS, |f, with_grad, w| {
-        let d = if with_grad { format!(", grad({f}, w) AS d") } else { String::new() };
-        format!(
-            "SELECT g, x, CAST({f} AS DOUBLE) AS f{d} FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
-             ORDER BY g, x"
-        )
-    })
-    .await;
+    let compared = check(&ctx, WINDOWS, window_query).await;
     // 4 templates x 5 arguments x 3 points x 15 rows
     assert!(compared >= 700, "only {compared} values compared");
 }
@@ -228,10 +240,7 @@ async fn parameters_match_finite_differences() {
             ),
             w,
         ),
-        false => format!(
-            "SELECT g, CAST({f} AS DOUBLE) AS f FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
-             GROUP BY g, w ORDER BY g"
-        ),
+        false => grouped_query(f, false, w),
     })
     .await;
     assert!(compared >= 500, "only {compared} values compared");
@@ -248,10 +257,7 @@ async fn parameters_match_finite_differences() {
             ),
             w,
         ),
-        false => format!(
-            "SELECT g, x, CAST({f} AS DOUBLE) AS f FROM t CROSS JOIN (SELECT CAST({w:?} AS DOUBLE) AS w) p \
-             ORDER BY g, x"
-        ),
+        false => window_query(f, false, w),
     })
     .await;
     assert!(compared >= 700, "only {compared} values compared");
