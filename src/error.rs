@@ -49,6 +49,10 @@ pub enum ErrorKind {
     /// use: `datafusion_grad.tensor_device = 'gpu'` in a build without the
     /// `cuda` feature, or where no CUDA driver or device was found.
     DeviceUnavailable,
+    /// A Ballista cluster gave no answer within
+    /// `datafusion_grad.ballista_timeout_seconds` (e.g. it lost its
+    /// executors).
+    ClusterTimeout,
 }
 
 impl ErrorKind {
@@ -66,6 +70,7 @@ impl ErrorKind {
             ErrorKind::ShapeMismatch => "shape_mismatch",
             ErrorKind::InvalidTensor => "invalid_tensor",
             ErrorKind::DeviceUnavailable => "device_unavailable",
+            ErrorKind::ClusterTimeout => "cluster_timeout",
         }
     }
 }

@@ -4,6 +4,7 @@
 //! ```sql
 //! SET datafusion_grad.tensor_device = 'cpu';
 //! SET datafusion_grad.broadcast_aggregate = false;
+//! SET datafusion_grad.ballista_timeout_seconds = 3600;
 //! ```
 
 use datafusion::common::config::ConfigExtension;
@@ -23,6 +24,10 @@ extensions_options! {
         /// loop's parameters) runs as a broadcast aggregation
         /// (`BroadcastAggregateExec`) instead of hashing every joined row.
         pub broadcast_aggregate: bool, default = true
+        /// Seconds a Ballista client waits for one distributed query (one
+        /// iteration of a recursive query) before it fails with a
+        /// `cluster_timeout` error; 0: no bound.
+        pub ballista_timeout_seconds: u64, default = 600
     }
 }
 

@@ -16,6 +16,7 @@ use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_grad::{ErrorKind, GradError};
 
 /// Rows per Parquet file, and files.
 const ROWS: i64 = 25_000;
@@ -150,6 +151,17 @@ async fn descend(ctx: &SessionContext) -> Result<(f64, f64, usize)> {
     Ok((w, b, 500))
 }
 
+/// Bounds each distributed query of `ctx` to `seconds`.
+async fn set_timeout(ctx: &SessionContext, seconds: u64) -> Result<()> {
+    ctx.sql(&format!(
+        "SET datafusion_grad.ballista_timeout_seconds = {seconds}"
+    ))
+    .await?
+    .collect()
+    .await?;
+    Ok(())
+}
+
 async fn check_queries(local: &SessionContext, remote: &SessionContext) -> Result<()> {
     for sql in QUERIES {
         let l = rows(local, sql).await?;
@@ -238,8 +250,9 @@ fn executors(port: u16) -> usize {
     body.matches("\"last_seen\"").count()
 }
 
-/// A scheduler and two executors, as processes on loopback; executors are
-/// lost after 3 s without a heartbeat.
+/// A scheduler and two executors, as processes on loopback; executors
+/// heartbeat every second and are lost after 10 s without one (a margin for
+/// a loaded machine, where a live executor's heartbeat can be late).
 fn start_cluster() -> Cluster {
     let work = tempfile::tempdir().expect("work dir");
     let port = free_port();
@@ -250,7 +263,7 @@ fn start_cluster() -> Cluster {
     };
     let scheduler = Command::new(env!("CARGO_BIN_EXE_dfgrad-scheduler"))
         .args(["--bind-port", &port.to_string()])
-        .args(["--executor-timeout-seconds", "3"])
+        .args(["--executor-timeout-seconds", "10"])
         .args(["--expire-dead-executor-interval-seconds", "1"])
         .stdout(log("scheduler.log"))
         .stderr(log("scheduler.err"))
@@ -325,7 +338,10 @@ async fn scheduler_and_two_executor_processes() -> Result<()> {
     assert_eq!(csv.lines().count(), 12, "{csv}");
 
     // one executor killed mid-query: the query completes on the other one
-    // with the local numbers, or fails with an error; never a wrong result
+    // with the local numbers, or fails with an error, within the client's
+    // bound (datafusion_grad.ballista_timeout_seconds): never a wrong
+    // result, never an endless wait
+    set_timeout(&remote, 90).await?;
     let sql = "SELECT w, grad(avg((w * x - y) * (w * x - y)), w) AS g, count(*) AS n \
                FROM t CROSS JOIN (SELECT CAST(value AS DOUBLE) / 10.0 AS w FROM (VALUES (1), (2), (3), (4), (5), (6), (7), (8)) AS v(value)) AS p \
                GROUP BY w ORDER BY w";
@@ -337,7 +353,7 @@ async fn scheduler_and_two_executor_processes() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.children[2].kill()?;
     cluster.children[2].wait()?;
-    match tokio::time::timeout(Duration::from_secs(120), query).await {
+    match tokio::time::timeout(Duration::from_secs(150), query).await {
         Ok(Ok(Ok(got))) => {
             assert_same(sql, &expected, &got);
             let n = got.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
@@ -348,10 +364,32 @@ async fn scheduler_and_two_executor_processes() -> Result<()> {
         }
         Ok(Ok(Err(e))) => eprintln!("the query failed after the executor was killed: {e}"),
         Ok(Err(join)) => panic!("query task: {join}"),
-        Err(_) => panic!("no answer 120 s after an executor was killed"),
+        Err(_) => panic!("the 90 s bound did not hold: nothing 150 s after an executor was killed"),
     }
     // and the cluster still answers with one executor
     let again = rows(&remote, sql).await?;
     assert_same(sql, &expected, &again);
+
+    // no executor left: a typed cluster_timeout error once the bound passes
+    set_timeout(&remote, 3).await?;
+    cluster.children[1].kill()?;
+    cluster.children[1].wait()?;
+    let started = Instant::now();
+    let err = tokio::time::timeout(Duration::from_secs(60), rows(&remote, sql))
+        .await
+        .expect("the 3 s bound holds")
+        .expect_err("no executor is left to answer");
+    let kind = GradError::find(&err).map(GradError::kind);
+    assert_eq!(kind, Some(ErrorKind::ClusterTimeout), "{err}");
+    assert!(
+        err.to_string()
+            .contains("SET datafusion_grad.ballista_timeout_seconds"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
     Ok(())
 }

@@ -103,6 +103,14 @@ class DeviceUnavailableError(GradError):
     kind = "device_unavailable"
 
 
+class ClusterTimeoutError(GradError):
+    """A Ballista cluster gave no answer within
+    ``datafusion_grad.ballista_timeout_seconds`` (e.g. it lost its
+    executors)."""
+
+    kind = "cluster_timeout"
+
+
 _BY_KIND: dict[str, type[GradError]] = {
     cls.kind: cls
     for cls in (
@@ -117,6 +125,7 @@ _BY_KIND: dict[str, type[GradError]] = {
         ShapeMismatchError,
         InvalidTensorError,
         DeviceUnavailableError,
+        ClusterTimeoutError,
     )
 }
 

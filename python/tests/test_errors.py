@@ -94,6 +94,7 @@ def test_hierarchy():
         "shape_mismatch",
         "invalid_tensor",
         "device_unavailable",
+        "cluster_timeout",
     }
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.DataFusionGradError)

@@ -30,6 +30,7 @@
 //! [Apache Ballista]: https://datafusion.apache.org/ballista/
 
 pub mod cluster;
+pub mod deadline;
 pub mod recursion;
 
 use std::sync::Arc;

@@ -18,6 +18,8 @@
 //! tables of model parameters (a few rows per step), not recursive queries
 //! that produce millions of rows. A recursive query inside a subquery
 //! expression is sent as it is (and refused by Ballista).
+//!
+//! Every query the client runs is bounded in time ([`DeadlineExec`]).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -35,6 +37,9 @@ use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::{col, lit, Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 use datafusion::physical_plan::{collect, ExecutionPlan};
+
+use super::deadline::DeadlineExec;
+use crate::options::GradOptions;
 
 /// A query planner that evaluates recursive queries on the client, one
 /// query of `inner` (Ballista's planner) per iteration, and plans the rest
@@ -95,8 +100,26 @@ impl ClientRecursion {
 
     /// Runs `plan` on the cluster.
     async fn run(&self, plan: &LogicalPlan, session: &dyn Session) -> Result<Vec<RecordBatch>> {
-        let exec = self.inner.create_physical_plan(plan, session).await?;
+        let exec = self.plan(plan, session).await?;
         collect(exec, session.task_ctx()).await
+    }
+
+    /// `inner`'s physical plan of `plan`, bounded in time
+    /// ([`DeadlineExec`]).
+    async fn plan(
+        &self,
+        plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let exec = self.inner.create_physical_plan(plan, session).await?;
+        let seconds = session
+            .config_options()
+            .extensions
+            .get::<GradOptions>()
+            .map_or(GradOptions::default().ballista_timeout_seconds, |o| {
+                o.ballista_timeout_seconds
+            });
+        Ok(DeadlineExec::wrap(exec, seconds))
     }
 }
 
@@ -108,11 +131,14 @@ impl QueryPlanner for ClientRecursion {
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let recursive = logical_plan.exists(|p| Ok(matches!(p, LogicalPlan::RecursiveQuery(_))))?;
-        if !recursive || matches!(logical_plan, LogicalPlan::Explain(_)) {
+        if matches!(logical_plan, LogicalPlan::Explain(_)) {
             return self.inner.create_physical_plan(logical_plan, session).await;
         }
+        if !recursive {
+            return self.plan(logical_plan, session).await;
+        }
         let plan = self.unroll(logical_plan, session).await?;
-        self.inner.create_physical_plan(&plan, session).await
+        self.plan(&plan, session).await
     }
 }
 

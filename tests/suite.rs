@@ -1,0 +1,31 @@
+//! The integration tests, compiled as one crate: each file of `tests/` is a
+//! module here, so the test build compiles and links DataFusion's generic
+//! code once instead of once per file (about two minutes of a 2-core machine
+//! each), and the tests of all files run in parallel. One file's tests:
+//! `cargo test --test suite -- cli::`. (`tests/sqllogictests.rs` has its own
+//! harness and stays a crate of its own.)
+
+#[path = "aggregate_properties.rs"]
+mod aggregate_properties;
+#[path = "api.rs"]
+mod api;
+#[path = "arrow_ffi.rs"]
+mod arrow_ffi;
+#[path = "ballista.rs"]
+mod ballista;
+#[path = "broadcast.rs"]
+mod broadcast;
+#[path = "cli.rs"]
+mod cli;
+#[path = "cuda.rs"]
+mod cuda;
+#[path = "export.rs"]
+mod export;
+#[path = "properties.rs"]
+mod properties;
+#[path = "substrait.rs"]
+mod substrait;
+#[path = "tensor_properties.rs"]
+mod tensor_properties;
+#[path = "training.rs"]
+mod training;
