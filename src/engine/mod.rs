@@ -11,7 +11,9 @@
 //!
 //! Semantics fixed here:
 //! - Integer and decimal variables are promoted to Float64 (`f` is treated as
-//!   a real function: over an integer `x`, `x / 2` has derivative 0.5).
+//!   a real function: over an integer `x`, `x * x` has derivative `2x`), but
+//!   integer `/` and `%` stay the step functions the query evaluates
+//!   (truncating division): over an integer `x`, `x / 2` has derivative 0.
 //! - A derivative is SQL NULL exactly when `f` (or a tangent/cotangent) is NULL.
 //! - A path through an unselected branch (`CASE`, `coalesce`, `greatest`, …)
 //!   contributes nothing, even where that branch is NaN or NULL.

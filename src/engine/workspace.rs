@@ -584,7 +584,10 @@ impl<'a> Workspace<'a> {
 /// Replaces each non-Float64 variable by `CAST(x AS DOUBLE)` and re-coerces `f`.
 /// Widening casts of integers (which type coercion inserts, e.g. `CAST(n AS
 /// BIGINT) * 3`) are removed first: they are the identity on integers, not a
-/// step function, and re-coercion redoes what they did in Float64. The
+/// step function, and re-coercion redoes what they did in Float64. Integer
+/// `/` and `%` over a variable are then kept as the step functions the query
+/// evaluates (`CAST(x / 2 AS BIGINT)`: truncated, derivative 0), not turned
+/// into real division. The
 /// variables of nested markers stay columns (each marker promotes its own).
 fn promote_variables<'f>(
     f: &'f Expr,
@@ -621,6 +624,21 @@ fn promote_variables<'f>(
                 Ok(Transformed::yes(*c.expr))
             }
             e => Ok(Transformed::no(e)),
+        })?
+        .data
+        .transform_up(|e| match &e {
+            Expr::BinaryExpr(b)
+                if matches!(b.op, Operator::Divide | Operator::Modulo)
+                    && e.column_refs().iter().any(|c| promote.contains(*c)) =>
+            {
+                match e.get_type(schema)? {
+                    t if t.is_integer() => {
+                        Ok(Transformed::yes(Expr::Cast(Cast::new(Box::new(e), t))))
+                    }
+                    _ => Ok(Transformed::no(e)),
+                }
+            }
+            _ => Ok(Transformed::no(e)),
         })?
         .data
         .transform_up(|e| match &e {

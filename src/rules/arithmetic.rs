@@ -12,8 +12,9 @@
 //!
 //! `power` follows JAX: with a constant exponent no `ln(a)` term appears, so
 //! `x^c` at `x = 0` is finite for constant `c ≥ 1`. A negative power
-//! `a^(b-1)` is written `1 / a^(1-b)`, so at `a = 0` it is `+inf` (DataFusion's
-//! `power` raises an error for zero to a negative power). In DataFusion's
+//! `a^(b-1)` is written `1 / a^(1-b)` only at `a = 0`, where it is `±inf`
+//! (DataFusion's `power` raises an error for zero to a negative power); an
+//! underflowing power stays 0 in every order of derivative. In DataFusion's
 //! default dialect `^` is bitwise XOR, which has no derivative rule.
 
 use datafusion::error::Result;
@@ -71,13 +72,10 @@ fn pow(c: &Call) -> Result<Vec<Partial>> {
         Some(0.0) => Partial::Zero,
         Some(2.0) => Partial::Value(num(2.0) * a.clone()),
         Some(e) if e >= 1.0 => Partial::Value(num(e) * power(a.clone(), num(e - 1.0))),
-        Some(e) => Partial::Value(num(e) / power(a.clone(), num(1.0 - e))),
+        Some(e) => Partial::Value(below_one(&a, num(e))?),
         None => Partial::Value(
             when(b.clone().eq(num(0.0)), num(0.0))
-                .when(
-                    b.clone().lt(num(1.0)),
-                    b.clone() / power(a.clone(), num(1.0) - b.clone()),
-                )
+                .when(b.clone().lt(num(1.0)), below_one(&a, b.clone())?)
                 .otherwise(b.clone() * power(a.clone(), b - num(1.0)))?,
         ),
     };
@@ -86,6 +84,19 @@ fn pow(c: &Call) -> Result<Vec<Partial>> {
         _ => Partial::Value(ln(replace_zero(a)) * c.out()),
     };
     Ok(vec![d_base, d_exponent])
+}
+
+/// `b·a^(b-1)` for an exponent `b < 1`. At `a = 0` it is written
+/// `b / a^(1-b)` (±inf; DataFusion's `power` raises an error for zero to a
+/// negative power), elsewhere as it is: a large negative `b` then underflows
+/// to 0 (as in JAX) instead of overflowing a denominator, whose own
+/// derivative would be `inf · 0 = NaN`.
+fn below_one(a: &Expr, b: Expr) -> Result<Expr> {
+    when(
+        a.clone().eq(num(0.0)),
+        b.clone() / power(a.clone(), num(1.0) - b.clone()),
+    )
+    .otherwise(b.clone() * power(a.clone(), b - num(1.0)))
 }
 
 /// `a`, with 0 replaced by 1 (JAX's `_replace_zero`): `ln` of it is 0 at `a = 0`.

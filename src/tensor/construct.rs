@@ -15,7 +15,7 @@ use datafusion::logical_expr::{
 };
 
 use super::batch::build;
-use super::function::{class_indices, mismatch, Spec};
+use super::function::{class_indices, mismatch, within_limit, Spec};
 use super::shape::Shape;
 use crate::error::{fail, ErrorKind, GradError};
 
@@ -103,31 +103,32 @@ fn uniform(seed: u64, index: u64) -> f64 {
     (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
 }
 
-/// The shape given by literal dimension arguments.
+/// The shape given by literal dimension arguments (within
+/// [`within_limit`]).
 fn dims(function: &str, literals: &[Option<&ScalarValue>]) -> Result<Shape> {
     let mut ds = Vec::with_capacity(literals.len());
     for l in literals {
-        let d = l
-            .and_then(|v| v.cast_to(&DataType::Int64).ok())
-            .and_then(|v| match v {
-                ScalarValue::Int64(Some(d)) if d > 0 && d <= i32::MAX as i64 => Some(d as usize),
-                _ => None,
-            });
-        match d {
-            Some(d) => ds.push(d),
-            None => {
-                return fail(
-                    ErrorKind::ShapeMismatch,
-                    format!("{function}: dimensions must be positive integer literals"),
+        match l.and_then(|v| v.cast_to(&DataType::Int64).ok()) {
+            Some(ScalarValue::Int64(Some(d))) if d > 0 => {
+                ds.push(usize::try_from(d).unwrap_or(usize::MAX))
+            }
+            Some(ScalarValue::Int64(Some(d))) => {
+                return mismatch(function, format!("dimensions must be positive, got {d}"))
+            }
+            _ => {
+                return mismatch(
+                    function,
+                    "dimensions must be integer literals (a tensor's shape is part of its type)",
                 )
             }
         }
     }
-    Ok(match ds[..] {
+    let shape = match ds[..] {
         [n] => Shape::Vector(n),
         [r, c] => Shape::Matrix(r, c),
         _ => return mismatch(function, "takes one or two dimensions"),
-    })
+    };
+    within_limit(function, shape)
 }
 
 /// `tensor(list, n)` / `tensor(list, rows, cols)`: a tensor from a list of

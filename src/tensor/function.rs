@@ -12,7 +12,7 @@ use datafusion::logical_expr::{
 };
 
 use super::batch::{build, union_nulls, TensorArg};
-use super::shape::Shape;
+use super::shape::{Shape, MAX_ELEMENTS};
 use super::Device;
 use crate::error::{fail, ErrorKind};
 
@@ -176,7 +176,10 @@ impl ScalarUDFImpl for TensorFunction {
             .iter()
             .map(|f| arg_shape(self.spec.name, f.data_type()))
             .collect::<Result<Vec<_>>>()?;
-        let out = (self.spec.shape)(&shapes, args.scalar_arguments)?;
+        let out = within_limit(
+            self.spec.name,
+            (self.spec.shape)(&shapes, args.scalar_arguments)?,
+        )?;
         Ok(Arc::new(Field::new(self.spec.name, out.data_type(), true)))
     }
 
@@ -249,4 +252,20 @@ pub fn class_indices(function: &str, labels: &[f64], classes: usize) -> Result<V
 /// A shape error of `function`.
 pub fn mismatch<T>(function: &str, detail: impl std::fmt::Display) -> Result<T> {
     fail(ErrorKind::ShapeMismatch, format!("{function}: {detail}"))
+}
+
+/// `shape`, or a `shape_mismatch` error of `function` where one value of it
+/// would have more than [`MAX_ELEMENTS`] elements.
+pub fn within_limit(function: &str, shape: Shape) -> Result<Shape> {
+    if shape.size() <= MAX_ELEMENTS {
+        return Ok(shape);
+    }
+    mismatch(
+        function,
+        format!(
+            "a {shape} has {} elements, over the limit of {MAX_ELEMENTS} elements (128 MiB) \
+             per tensor value",
+            shape.size()
+        ),
+    )
 }

@@ -12,6 +12,12 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field};
 
+/// Most elements one tensor value (one row's vector or matrix) may have:
+/// 2^24 (128 MiB of Float64), e.g. a 4096 x 4096 matrix. A tensor function
+/// whose result would be larger is refused while planning, before anything
+/// is allocated.
+pub const MAX_ELEMENTS: usize = 1 << 24;
+
 /// The shape of a value a tensor function takes or returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Shape {
@@ -57,7 +63,7 @@ impl Shape {
         match self {
             Shape::Scalar => 1,
             Shape::Vector(n) => n,
-            Shape::Matrix(r, c) => r * c,
+            Shape::Matrix(r, c) => r.saturating_mul(c),
         }
     }
 
