@@ -2,9 +2,97 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::{dfgrad, dfgrad_ok};
+
+/// Runs `dfgrad` with `args` and `input` piped into its stdin. Without
+/// `RUST_BACKTRACE`, with which dfgrad also prints Rust's panic report.
+fn dfgrad_piped(args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dfgrad"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("failed to run dfgrad");
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // dfgrad stops reading at a failing statement, which may close the pipe.
+    let _ = stdin.write_all(input.as_bytes());
+    drop(stdin);
+    child.wait_with_output().expect("failed to wait for dfgrad")
+}
+
+/// The (stdout, stderr) of `output`.
+fn streams(output: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Runs `dfgrad` with `args` in its interactive shell, on a terminal that
+/// util-linux's `script` provides. Types each line of `steps` and waits
+/// until the terminal shows its text (a line is typed only once the one
+/// before has run: the line editor may drop input typed ahead), then `\q`.
+/// Returns what the terminal showed.
+fn dfgrad_interactive(args: &[&str], steps: &[(&str, &str)]) -> String {
+    let command = format!("'{}' {}", env!("CARGO_BIN_EXE_dfgrad"), args.join(" "));
+    let mut child = Command::new("script")
+        .args(["-q", "-e", "-c", &command, "/dev/null"])
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("failed to run script (util-linux)");
+    let shown = Arc::new(Mutex::new(String::new()));
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let reader = {
+        let shown = Arc::clone(&shown);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = stdout.read(&mut buf) {
+                let text = String::from_utf8_lossy(&buf[..n]);
+                shown.lock().unwrap().push_str(&text);
+            }
+        })
+    };
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    for (line, expected) in steps {
+        let before = shown.lock().unwrap().len();
+        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !shown.lock().unwrap()[before..].contains(expected) {
+            let now = shown.lock().unwrap().clone();
+            assert!(child.try_wait().unwrap().is_none(), "dfgrad exited: {now}");
+            assert!(
+                Instant::now() < deadline,
+                "no {expected:?} after {line:?}: {now}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    stdin.write_all(b"\\q\n").unwrap();
+    drop(stdin);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    let shown = shown.lock().unwrap().clone();
+    assert!(status.success(), "{shown}");
+    shown
+}
+
+/// Asserts that `stderr` is one `Error: ` line, without Rust's panic report.
+fn assert_one_error_line(stderr: &str) {
+    assert!(stderr.starts_with("Error: "), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(!stderr.contains("panicked at"), "{stderr}");
+}
 
 /// Runs `dfgrad` with `args`, asserts failure and returns its (stdout, stderr).
 fn dfgrad_err(args: &[&str]) -> (String, String) {
@@ -113,12 +201,193 @@ fn table_from_a_directory_of_files() {
     let out = dfgrad_ok(&["--table", &table, "--format", "csv", "-c", sql]);
     assert_eq!(out, "x,dx\n1.0,2.0\n3.0,4.0\n");
 
-    // a directory without a file of a known format is refused
-    let empty = tempfile::tempdir().unwrap();
-    std::fs::write(empty.path().join("notes.txt"), "x\n").unwrap();
-    let table = format!("points={}", path_str(empty.path()));
+    // files of other extensions are not data files, and subdirectories
+    // other than partitions (KEY=VALUE) are not read: ignored
+    std::fs::write(dir.path().join("_SUCCESS"), "").unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "x,y\n9.0,9.0\n").unwrap();
+    std::fs::create_dir(dir.path().join("old")).unwrap();
+    std::fs::write(dir.path().join("old/a.json"), "{\"x\": 9.0}\n").unwrap();
+    let out = dfgrad_ok(&["--table", &table, "--format", "csv", "-c", sql]);
+    assert_eq!(out, "x,dx\n1.0,2.0\n3.0,4.0\n");
+}
+
+/// Issue 21 (6, 13): a directory without data files, or with data files of
+/// several extensions (of which a table would read only one), is refused
+/// with a message naming what was found.
+#[test]
+fn directory_without_data_or_with_mixed_extensions_is_refused() {
+    for other in [None, Some("notes.txt")] {
+        let empty = tempfile::tempdir().unwrap();
+        if let Some(name) = other {
+            std::fs::write(empty.path().join(name), "x\n").unwrap();
+        }
+        let table = format!("points={}", path_str(empty.path()));
+        let (_, err) = dfgrad_err(&["--table", &table, "-c", "SELECT 1"]);
+        assert_one_error_line(&err);
+        assert!(err.contains("cannot register table 'points'"), "{err}");
+        assert!(err.contains("has no data files"), "{err}");
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.csv"), "x\n1.0\n").unwrap();
+    std::fs::write(dir.path().join("b.csv"), "x\n2.0\n").unwrap();
+    std::fs::write(dir.path().join("c.json"), "{\"x\": 3.0}\n").unwrap();
+    let table = format!("points={}", path_str(dir.path()));
+    let (out, err) = dfgrad_err(&["--table", &table, "-c", "SELECT sum(x) FROM points"]);
+    assert_eq!(out, "");
+    assert_one_error_line(&err);
+    assert!(err.contains("2 .csv, 1 .json"), "{err}");
+    assert!(err.contains("directory of their own"), "{err}");
+
+    // files in partition directories are read, so they count too
+    let partitioned = tempfile::tempdir().unwrap();
+    std::fs::write(partitioned.path().join("a.csv"), "x\n1.0\n").unwrap();
+    let partition = partitioned.path().join("day=2/hour=3");
+    std::fs::create_dir_all(&partition).unwrap();
+    std::fs::write(partition.join("b.parquet"), "").unwrap();
+    let table = format!("points={}", path_str(partitioned.path()));
     let (_, err) = dfgrad_err(&["--table", &table, "-c", "SELECT 1"]);
-    assert!(err.contains("unsupported file extension ''"), "{err}");
+    assert!(err.contains("1 .csv, 1 .parquet"), "{err}");
+    std::fs::remove_file(partitioned.path().join("a.csv")).unwrap();
+    std::fs::remove_file(partition.join("b.parquet")).unwrap();
+    std::fs::write(partition.join("b.csv"), "x\n5.0\n").unwrap();
+    let out = dfgrad_ok(&[
+        "--table",
+        &table,
+        "--format",
+        "csv",
+        "-c",
+        "SELECT x FROM points",
+    ]);
+    assert_eq!(out, "x\n5.0\n");
+
+    // .json and .ndjson are one format but two extensions: also refused
+    let table = format!("points={}", path_str(dir.path()));
+    std::fs::remove_file(dir.path().join("a.csv")).unwrap();
+    std::fs::remove_file(dir.path().join("b.csv")).unwrap();
+    std::fs::write(dir.path().join("d.ndjson"), "{\"x\": 4.0}\n").unwrap();
+    let output = dfgrad_piped(&["--table", &table], "SELECT sum(x) FROM points");
+    let (_, err) = streams(&output);
+    assert!(!output.status.success(), "{err}");
+    assert!(err.contains("1 .json, 1 .ndjson"), "{err}");
+}
+
+/// Issue 21 (7): NaN and infinities are not written as `null`, which reads
+/// as SQL NULL, but as the strings the table and CSV formats print.
+#[test]
+fn json_writes_nan_and_infinities_as_strings() {
+    let sql = "SELECT grad(sqrt(x), x) AS d, CAST('NaN' AS DOUBLE) AS n, \
+               CAST('-inf' AS REAL) AS m, CAST(NULL AS DOUBLE) AS z, \
+               make_array(x, CAST('inf' AS DOUBLE)) AS l FROM (VALUES (0.0)) t(x)";
+    let row = r#"{"d":"inf","n":"NaN","m":"-inf","z":null,"l":[0.0,"inf"]}"#;
+    let out = dfgrad_ok(&["--format", "json", "-c", sql]);
+    assert_eq!(out, format!("[{row}]\n"));
+    let output = dfgrad_piped(&["--format", "ndjson"], sql);
+    let (out, err) = streams(&output);
+    assert!(output.status.success(), "{err}");
+    assert_eq!(out, format!("{row}\n"));
+}
+
+/// Issue 21 (8): a corrupt Parquet file makes the Parquet reader panic; that
+/// is an error (one line, non-zero exit), not a crash with Rust's panic report.
+#[test]
+fn panic_in_a_reader_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let parquet = dir.path().join("b.parquet");
+    std::fs::write(&parquet, "PAR1garbagePAR1").unwrap();
+    let table = format!("p={}", path_str(&parquet));
+    let output = dfgrad_piped(&["--table", &table, "-c", "SELECT 1"], "");
+    let (_, err) = streams(&output);
+    assert!(!output.status.success(), "{err}");
+    assert_one_error_line(&err);
+    assert!(err.contains("cannot register table 'p'"), "{err}");
+    assert!(err.contains("panic"), "{err}");
+
+    // in a statement read from stdin: the statements before it ran
+    let script = format!(
+        "SELECT 1 AS before;\n\
+         CREATE EXTERNAL TABLE p STORED AS PARQUET LOCATION '{}';\n\
+         SELECT 2 AS after;\n",
+        path_str(&parquet)
+    );
+    let output = dfgrad_piped(&["--format", "csv"], &script);
+    let (out, err) = streams(&output);
+    assert!(!output.status.success(), "{out}");
+    assert_eq!(out, "before\n1\n");
+    assert_one_error_line(&err);
+    assert!(err.contains("panic"), "{err}");
+
+    // the interactive shell reports it and takes the next statement
+    let lines: Vec<&str> = script.lines().collect();
+    let shown = dfgrad_interactive(
+        &["--format", "csv"],
+        &[
+            (lines[0], "before\r\n1\r\n"),
+            (lines[1], "Error: "),
+            (lines[2], "after\r\n2\r\n"),
+        ],
+    );
+    assert!(
+        shown.contains("Error: Internal error: a panic at parquet-"),
+        "{shown}"
+    );
+    assert!(!shown.contains("panicked at"), "{shown}");
+}
+
+/// Issue 21 (12): statements piped into stdin run like a `-f` file: the
+/// last one needs no `;`, and a failing one stops the run with a non-zero
+/// exit status.
+#[test]
+fn piped_statements_run_like_a_file() {
+    let output = dfgrad_piped(
+        &["--format", "csv"],
+        "SELECT 'a;' AS first; -- a comment; with a semicolon\nSELECT\n  2 AS last",
+    );
+    let (out, err) = streams(&output);
+    assert!(output.status.success(), "{err}");
+    assert_eq!(out, "first\na;\nlast\n2\n");
+
+    for script in [
+        "SELECT 1 AS first;\nSELEC 2;\nSELECT 3 AS after;\n",
+        "SELECT 1 AS first;\nSELECT * FROM missing",
+    ] {
+        let output = dfgrad_piped(&["--format", "csv"], script);
+        let (out, err) = streams(&output);
+        assert!(!output.status.success(), "{script}: {out}");
+        assert_eq!(out, "first\n1\n", "{script}");
+        assert_one_error_line(&err);
+    }
+}
+
+/// Issue 21 (13): a refusal of datafusion-grad is printed as one line that
+/// starts with its bracketed kind, not behind the analyzer's
+/// `datafusion_grad` / `caused by` / `External error:` wrappers.
+#[test]
+fn grad_errors_are_one_line_starting_with_their_kind() {
+    for (sql, start, names) in [
+        (
+            "SELECT grad(x, 'a') FROM (VALUES (1.0)) t(x)",
+            "Error: [invalid_wrt] ",
+            "argument 2",
+        ),
+        (
+            "SELECT grad(random() * x, x) FROM (VALUES (1.0)) t(x)",
+            "Error: [non_differentiable] ",
+            "`random`",
+        ),
+    ] {
+        let (_, err) = dfgrad_err(&["-c", sql]);
+        let output = dfgrad_piped(&[], sql);
+        let (_, piped) = streams(&output);
+        assert!(!output.status.success(), "{piped}");
+        for err in [err, piped] {
+            assert_one_error_line(&err);
+            assert!(err.starts_with(start), "{err}");
+            assert!(err.contains(names), "{err}");
+            assert!(!err.contains("caused by"), "{err}");
+            assert!(!err.contains("External error"), "{err}");
+        }
+    }
 }
 
 #[test]

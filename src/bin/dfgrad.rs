@@ -15,7 +15,10 @@
 //!       --table <NAME=PATH>  Register a file, or a directory of files (a partitioned
 //!                            data set), as table NAME (repeatable); the format is
 //!                            taken from the extension: .csv, .parquet, .json/.ndjson
-//!                            (newline-delimited JSON), .arrow/.ipc/.feather
+//!                            (newline-delimited JSON), .arrow/.ipc/.feather. A
+//!                            directory's data files (in it and its KEY=VALUE
+//!                            partition directories) must share one extension (a
+//!                            mix is refused); other files are ignored
 //!   -q, --quiet              Do not print the "N row(s) fetched. Elapsed ..." lines
 //!       --rewrite <DIALECT>  Print the SQL with grad/jvp/vjp replaced by their
 //!                            derivatives, for datafusion, duckdb, postgres, sqlite or
@@ -37,20 +40,29 @@
 //! ```
 //!
 //! All `-c` commands run first, in order, then all `-f` files, in order. Execution
-//! stops at the first failing statement: the message is printed to stderr as
-//! `Error: <message>` and the exit status is non-zero. Statements are split at `;`,
-//! except inside quoted strings/identifiers and comments; empty statements are skipped.
+//! stops at the first failing statement: the message is printed to stderr on one
+//! line as `Error: <message>` (for datafusion-grad's refusals `Error: [kind] …`)
+//! and the exit status is non-zero. Statements are split at `;`, except inside
+//! quoted strings/identifiers and comments; the last one needs no `;`; empty
+//! statements are skipped. A panic in DataFusion or a file reader (e.g. on a corrupt
+//! Parquet file) is such an error too, not a crash.
 //!
-//! Without `-c` and `-f`, `dfgrad` starts an interactive shell (prompt `dfgrad> `).
-//! Input may span several lines and runs when a line ends with `;`; `\q` or `quit`
-//! exits, as does Ctrl-D. Ctrl-C clears the current input or cancels a running
-//! query. Errors are printed and the shell goes on. History is kept in memory only.
+//! Without `-c` and `-f`, with stdin piped (not a terminal), the statements read
+//! from stdin run like a `-f` file, each as soon as its `;` is read.
+//!
+//! Without `-c` and `-f` on a terminal, `dfgrad` starts an interactive shell (prompt
+//! `dfgrad> `). Input may span several lines and runs when a line ends with `;`;
+//! `\q` or `quit` exits, as does Ctrl-D. Ctrl-C clears the current input or cancels
+//! a running query. Errors (panics included) are printed and the shell goes on.
+//! History is kept in memory only.
 //!
 //! Results are written to stdout. In `table` mode a summary line with the row count
 //! and elapsed time goes to stderr (unless `--quiet`); statements without result
 //! columns (e.g. `CREATE TABLE`) print no table. In `csv`, `json` and `ndjson` modes
 //! only the data is printed, and statements without result columns print nothing.
 //! (DataFusion's `INSERT` returns a one-row `count` result, which is printed.)
+//! JSON has no NaN or infinities: `json` and `ndjson` write them as the strings
+//! `"NaN"`, `"inf"` and `"-inf"` (as `table` and `csv` print them), SQL NULL as `null`.
 //!
 //! # Examples
 //!
@@ -77,19 +89,27 @@
 //!    ...> FROM (VALUES (2.0, 5.0)) t(x, y);
 //! ```
 
-use std::io::{self, Write};
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io::{self, BufRead, IsTerminal, Write};
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Instant;
 
-use arrow::array::RecordBatch;
-use arrow::datatypes::SchemaRef;
+use arrow::array::{Array, AsArray, Float64Array, RecordBatch};
+use arrow::datatypes::{DataType, FieldRef, Float64Type, SchemaRef};
+use arrow::error::ArrowError;
+use arrow::json::writer::{make_encoder, Encoder, EncoderFactory, EncoderOptions, NullableEncoder};
 use arrow::util::pretty::pretty_format_batches;
 use clap::{Parser, ValueEnum};
 use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
 use datafusion_grad::export::{rewrite_sql, SqlDialect};
+use datafusion_grad::GradError;
+use futures::FutureExt;
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
@@ -135,12 +155,14 @@ struct Args {
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     files: Vec<PathBuf>,
 
-    /// Output format
+    /// Output format (json/ndjson write NaN and infinities as the strings
+    /// "NaN", "inf", "-inf", and NULL as null)
     #[arg(long, value_enum, default_value_t = Format::Table)]
     format: Format,
 
     /// Register a file or a directory of files as a table (repeatable);
     /// format by extension: .csv, .parquet, .json/.ndjson, .arrow/.ipc/.feather
+    /// (a directory's data files must share one extension)
     #[arg(long = "table", value_name = "NAME=PATH", value_parser = parse_table_arg)]
     tables: Vec<(String, PathBuf)>,
 
@@ -223,6 +245,7 @@ fn parse_table_arg(value: &str) -> Result<(String, PathBuf), String> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    install_panic_hook();
     // Run everything on a thread with a large stack: DataFusion recurses over
     // expression trees, which overflows default stacks on deeply nested SQL.
     let shell = std::thread::Builder::new()
@@ -232,18 +255,120 @@ fn main() -> ExitCode {
     let outcome = match shell {
         Ok(handle) => match handle.join() {
             Ok(outcome) => outcome,
-            // The panic message has already been printed by the panic hook.
-            Err(_) => return ExitCode::FAILURE,
+            // A panic outside the statements (which catch their own).
+            Err(payload) => Err(panic_error(payload.as_ref())),
         },
         Err(e) => Err(e.into()),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("Error: {e}");
+            print_error(e.as_ref());
             ExitCode::FAILURE
         }
     }
+}
+
+/// Prints `err` to stderr as one line, `Error: <message>` (see [`error_line`]).
+fn print_error(err: &(dyn std::error::Error + 'static)) {
+    eprintln!("Error: {}", error_line(err));
+}
+
+/// The message of `err` on one line. A [`GradError`] anywhere in its chain of
+/// sources is the message, `[kind] …`, without the wrappers that DataFusion's
+/// analyzer and optimizer put around it (`datafusion_grad` / `caused by` /
+/// `External error:`); other messages have their line breaks joined.
+fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut source = Some(err);
+    while let Some(e) = source {
+        if let Some(grad) = e.downcast_ref::<GradError>() {
+            return one_line(&grad.to_string());
+        }
+        source = e.source();
+    }
+    one_line(&err.to_string())
+}
+
+/// `message` with DataFusion's `\ncaused by\n` written as `: ` and other
+/// line breaks (with the indentation around them) as one space.
+fn one_line(message: &str) -> String {
+    message
+        .replace("\ncaused by\n", ": ")
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The message and location of the last panic, recorded by the hook of
+/// [`install_panic_hook`] for [`panic_error`].
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// Replaces Rust's panic hook, which prints `thread '…' panicked at …` to
+/// stderr, by one that records the message for [`panic_error`]: a panic below
+/// us (in DataFusion, Arrow or a file reader) is caught by [`catch_panic`] and
+/// reported as an error. With `RUST_BACKTRACE` set (not `0`), Rust's hook
+/// runs too, for its backtrace.
+fn install_panic_hook() {
+    let default_hook = std::panic::take_hook();
+    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0");
+    std::panic::set_hook(Box::new(move |info| {
+        let message = payload_message(info.payload());
+        let recorded = match info.location() {
+            Some(location) => format!(
+                "a panic at {}:{}:{}: {message}",
+                crate_relative(location.file()),
+                location.line(),
+                location.column()
+            ),
+            None => format!("a panic: {message}"),
+        };
+        *LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()) = Some(recorded);
+        if backtrace {
+            default_hook(info);
+        }
+    }));
+}
+
+/// `file` from its crate's directory on, e.g. `parquet-59.3.2/src/lib.rs`
+/// for a file of a dependency in Cargo's registry (other paths unchanged).
+fn crate_relative(file: &str) -> &str {
+    file.split_once("/registry/src/")
+        .and_then(|(_, index)| index.split_once('/'))
+        .map_or(file, |(_, in_crate)| in_crate)
+}
+
+/// The message a panic was raised with.
+fn payload_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_string()
+    }
+}
+
+/// The error a caught panic becomes: its message and location as the panic
+/// hook recorded them (or the payload's message).
+fn panic_error(payload: &(dyn Any + Send)) -> Error {
+    let recorded = LAST_PANIC.lock().unwrap_or_else(|e| e.into_inner()).take();
+    let panic = recorded.unwrap_or_else(|| format!("a panic: {}", payload_message(payload)));
+    format!(
+        "Internal error: {panic} (a bug in dfgrad or a library below it, e.g. a file reader \
+         given malformed data; please report it)"
+    )
+    .into()
+}
+
+/// Runs `future`, turning a panic inside it, or inside a task it waits for
+/// (DataFusion resumes their panics), into an error.
+async fn catch_panic<F: Future>(future: F) -> Result<F::Output> {
+    AssertUnwindSafe(future)
+        .catch_unwind()
+        .await
+        .map_err(|payload| panic_error(payload.as_ref()))
 }
 
 /// Builds the Tokio runtime (what `#[tokio::main]` would build, but with large
@@ -254,7 +379,7 @@ fn run(args: Args) -> Result<()> {
         .enable_all()
         .thread_stack_size(WORKER_STACK_SIZE)
         .build()?;
-    runtime.block_on(run_async(args))
+    runtime.block_on(catch_panic(run_async(args)))?
 }
 
 /// A client session of the Ballista cluster at `url` (`standalone`: one
@@ -300,7 +425,8 @@ async fn run_async(args: Args) -> Result<()> {
     if args.commands.is_empty() && args.files.is_empty() {
         return match args.rewrite {
             Some(_) => Err("--rewrite needs -c or -f".into()),
-            None => repl(&ctx, printer).await,
+            None if io::stdin().is_terminal() => repl(&ctx, printer).await,
+            None => run_piped(&ctx, printer).await,
         };
     }
     for sql in &read_sources(&args)? {
@@ -415,10 +541,18 @@ impl TableFormat {
 }
 
 /// Registers the file at `path` as table `name`, choosing the reader by extension.
+/// A panic of a file reader (e.g. on a corrupt Parquet footer) is an error.
 async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
+    let refuse = |reason: String| -> Error {
+        format!(
+            "cannot register table '{name}' from '{}': {reason}",
+            path.display()
+        )
+        .into()
+    };
     // A directory is a partitioned data set: its files' extension gives the format.
     let ext = if path.is_dir() {
-        directory_extension(path)
+        directory_extension(path).map_err(refuse)?
     } else {
         path.extension()
             .and_then(|e| e.to_str())
@@ -427,11 +561,16 @@ async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result
     };
     let ext = ext.as_str();
     let format = TableFormat::from_extension(ext).ok_or_else(|| {
-        format!(
-            "cannot register table '{name}' from '{}': unsupported file extension '{ext}' \
-             (expected .csv, .parquet, .json, .ndjson, .arrow, .ipc or .feather)",
-            path.display()
-        )
+        refuse(match ext {
+            "" => format!(
+                "the file has no extension to tell its format; rename it to end in one of \
+                 {SUPPORTED_EXTENSIONS}"
+            ),
+            _ => format!(
+                "unsupported file extension '.{ext}'; rename the file to end in one of \
+                 {SUPPORTED_EXTENSIONS}"
+            ),
+        })
     })?;
     let location = path
         .to_str()
@@ -445,61 +584,115 @@ async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result
     let location = location.as_str();
     // Readers only pick files with their configured extension, so use the real one.
     let file_extension = format!(".{ext}");
-    let registered = match format {
-        TableFormat::Csv => {
-            let options = CsvReadOptions::new()
-                .has_header(true)
-                .file_extension(&file_extension);
-            ctx.register_csv(name, location, options).await
+    let registered = catch_panic(async {
+        match format {
+            TableFormat::Csv => {
+                let options = CsvReadOptions::new()
+                    .has_header(true)
+                    .file_extension(&file_extension);
+                ctx.register_csv(name, location, options).await
+            }
+            TableFormat::Parquet => {
+                let options = ParquetReadOptions::default().file_extension(&file_extension);
+                ctx.register_parquet(name, location, options).await
+            }
+            TableFormat::Json => {
+                let options = JsonReadOptions::default().file_extension(&file_extension);
+                ctx.register_json(name, location, options).await
+            }
+            TableFormat::Arrow => {
+                let options = ArrowReadOptions {
+                    file_extension: &file_extension,
+                    ..Default::default()
+                };
+                ctx.register_arrow(name, location, options).await
+            }
         }
-        TableFormat::Parquet => {
-            let options = ParquetReadOptions::default().file_extension(&file_extension);
-            ctx.register_parquet(name, location, options).await
+    })
+    .await;
+    match registered {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(refuse(error_line(&e))),
+        Err(panic) => Err(refuse(panic.to_string())),
+    }
+}
+
+/// The file extensions `--table` reads, as listed in messages.
+const SUPPORTED_EXTENSIONS: &str = ".csv, .parquet, .json, .ndjson, .arrow, .ipc or .feather";
+
+/// The extension shared by the data files of directory `dir`: the files with
+/// a supported extension that DataFusion's listing reads, those directly in
+/// `dir` and in its partition directories (named `KEY=VALUE`, at any depth).
+/// A table is read from the files of one extension (the readers skip the
+/// others), so a directory whose data files have several extensions is
+/// refused rather than read in part, as is one without data files.
+fn directory_extension(dir: &Path) -> Result<String, String> {
+    let mut counts = BTreeMap::new();
+    count_data_files(dir, &mut counts)?;
+    let mut extensions = counts.keys();
+    match (extensions.next(), extensions.next()) {
+        (Some(ext), None) => Ok(ext.clone()),
+        (None, _) => Err(format!(
+            "the directory has no data files: put files ending in {SUPPORTED_EXTENSIONS} \
+             directly in it or in partition directories named KEY=VALUE (other subdirectories \
+             are not read)"
+        )),
+        (Some(_), Some(_)) => {
+            let found: Vec<String> = counts
+                .iter()
+                .map(|(ext, n)| format!("{n} .{ext}"))
+                .collect();
+            Err(format!(
+                "the directory mixes data files of several extensions ({} files), but a table \
+                 is read from files of one extension; put the files of each extension in a \
+                 directory of their own and register one table per directory",
+                found.join(", ")
+            ))
         }
-        TableFormat::Json => {
-            let options = JsonReadOptions::default().file_extension(&file_extension);
-            ctx.register_json(name, location, options).await
+    }
+}
+
+/// Adds the data files of `dir` (see [`directory_extension`]) to `counts`,
+/// the number of files by extension.
+fn count_data_files(dir: &Path, counts: &mut BTreeMap<String, usize>) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot list directory '{}': {e}", dir.display()))?;
+    for entry in entries {
+        let path = entry
+            .map_err(|e| format!("cannot list directory '{}': {e}", dir.display()))?
+            .path();
+        if path.is_dir() {
+            let partition = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.contains('='));
+            if partition {
+                count_data_files(&path, counts)?;
+            }
+        } else if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
+            if TableFormat::from_extension(ext).is_some() {
+                *counts.entry(ext.to_string()).or_default() += 1;
+            }
         }
-        TableFormat::Arrow => {
-            let options = ArrowReadOptions {
-                file_extension: &file_extension,
-                ..Default::default()
-            };
-            ctx.register_arrow(name, location, options).await
-        }
-    };
-    registered.map_err(|e| {
-        format!(
-            "cannot register table '{name}' from '{}': {e}",
-            path.display()
-        )
-    })?;
+    }
     Ok(())
 }
 
-/// The extension of the first file (by name) in `dir` that has a supported
-/// one (empty when none has).
-fn directory_extension(dir: &Path) -> String {
-    let mut names: Vec<_> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    names.sort();
-    names
-        .iter()
-        .filter_map(|p| p.extension().and_then(|e| e.to_str()))
-        .find(|e| TableFormat::from_extension(e).is_some())
-        .unwrap_or("")
-        .to_string()
+/// `sql` split at its `;`s (see [`split_terminated`]).
+#[derive(Debug, PartialEq, Eq)]
+struct Split<'a> {
+    /// The statements ended by `;`, trimmed, without those holding only
+    /// whitespace and comments.
+    complete: Vec<String>,
+    /// What follows the last `;` that ends a statement, as written.
+    rest: &'a str,
+    /// Whether `rest` holds anything besides whitespace and comments.
+    rest_has_content: bool,
 }
 
-/// Splits `sql` into statements at `;`, ignoring `;` inside single-quoted
-/// strings, double-quoted identifiers, `--` line comments and `/* */` block
-/// comments. Statements are trimmed; those holding only whitespace and comments
-/// are dropped.
-fn split_statements(sql: &str) -> Vec<String> {
+/// Splits `sql` at `;`, ignoring `;` inside single-quoted strings,
+/// double-quoted identifiers, `--` line comments and `/* */` block comments.
+fn split_terminated(sql: &str) -> Split<'_> {
     #[derive(Clone, Copy, PartialEq, Eq)]
     enum State {
         Normal,
@@ -509,23 +702,24 @@ fn split_statements(sql: &str) -> Vec<String> {
         BlockComment,
     }
 
-    let mut statements = Vec::new();
-    let mut current = String::new();
-    // Whether `current` holds anything besides whitespace and comments.
+    let mut complete = Vec::new();
+    // Byte offset where the current statement starts.
+    let mut start = 0;
+    // Whether the current statement holds anything besides whitespace and comments.
     let mut has_content = false;
     let mut state = State::Normal;
-    let mut chars = sql.chars().peekable();
+    let mut chars = sql.char_indices().peekable();
 
-    while let Some(c) = chars.next() {
+    while let Some((i, c)) = chars.next() {
+        let next = chars.peek().map(|&(_, c)| c);
         match state {
             State::Normal => match c {
                 ';' => {
                     if has_content {
-                        statements.push(current.trim().to_string());
+                        complete.push(sql[start..i].trim().to_string());
                     }
-                    current.clear();
+                    start = i + 1;
                     has_content = false;
-                    continue;
                 }
                 '\'' => {
                     state = State::SingleQuoted;
@@ -535,17 +729,13 @@ fn split_statements(sql: &str) -> Vec<String> {
                     state = State::DoubleQuoted;
                     has_content = true;
                 }
-                '-' if chars.peek() == Some(&'-') => {
-                    current.push(c);
-                    current.extend(chars.next());
+                '-' if next == Some('-') => {
+                    chars.next();
                     state = State::LineComment;
-                    continue;
                 }
-                '/' if chars.peek() == Some(&'*') => {
-                    current.push(c);
-                    current.extend(chars.next());
+                '/' if next == Some('*') => {
+                    chars.next();
                     state = State::BlockComment;
-                    continue;
                 }
                 c if !c.is_whitespace() => has_content = true,
                 _ => {}
@@ -554,18 +744,28 @@ fn split_statements(sql: &str) -> Vec<String> {
             State::SingleQuoted if c == '\'' => state = State::Normal,
             State::DoubleQuoted if c == '"' => state = State::Normal,
             State::LineComment if c == '\n' => state = State::Normal,
-            State::BlockComment if c == '*' && chars.peek() == Some(&'/') => {
-                current.push(c);
-                current.extend(chars.next());
+            State::BlockComment if c == '*' && next == Some('/') => {
+                chars.next();
                 state = State::Normal;
-                continue;
             }
             _ => {}
         }
-        current.push(c);
     }
-    if has_content {
-        statements.push(current.trim().to_string());
+    Split {
+        complete,
+        rest: &sql[start..],
+        rest_has_content: has_content,
+    }
+}
+
+/// Splits `sql` into statements at `;` (see [`split_terminated`]); the last
+/// statement needs no `;`. Statements are trimmed; those holding only
+/// whitespace and comments are dropped.
+fn split_statements(sql: &str) -> Vec<String> {
+    let split = split_terminated(sql);
+    let mut statements = split.complete;
+    if split.rest_has_content {
+        statements.push(split.rest.trim().to_string());
     }
     statements
 }
@@ -578,13 +778,35 @@ async fn run_statements(ctx: &SessionContext, printer: Printer, sql: &str) -> Re
     Ok(())
 }
 
-/// Plans, executes and prints a single statement.
+/// Plans, executes and prints a single statement; a panic while planning or
+/// executing it is an error.
 async fn run_statement(ctx: &SessionContext, printer: Printer, sql: &str) -> Result<()> {
     let start = Instant::now();
-    let df = ctx.sql(sql).await?;
-    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await?;
+    let (schema, batches) = catch_panic(async {
+        let df = ctx.sql(sql).await?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        Ok::<_, Error>((schema, df.collect().await?))
+    })
+    .await??;
     printer.print(&schema, &batches, start)
+}
+
+/// Runs the statements piped into stdin (which is not a terminal) as they
+/// arrive, like a `-f` file: each once its `;` is read, the last one also
+/// without `;`, stopping at the first failing statement.
+async fn run_piped(ctx: &SessionContext, printer: Printer) -> Result<()> {
+    // What was read after the last statement that ended with `;`.
+    let mut pending = String::new();
+    for line in io::stdin().lock().lines() {
+        pending.push_str(&line?);
+        pending.push('\n');
+        let split = split_terminated(&pending);
+        for statement in &split.complete {
+            run_statement(ctx, printer, statement).await?;
+        }
+        pending = split.rest.to_string();
+    }
+    run_statements(ctx, printer, &pending).await
 }
 
 /// Writes query results to stdout (and the summary line to stderr).
@@ -636,6 +858,7 @@ fn write_batches(out: &mut impl Write, format: Format, batches: &[RecordBatch]) 
         Format::Json => {
             let mut writer = arrow::json::WriterBuilder::new()
                 .with_explicit_nulls(true)
+                .with_encoder_factory(Arc::new(NonFiniteAsStrings))
                 .build::<_, arrow::json::writer::JsonArray>(&mut *out);
             for batch in batches {
                 writer.write(batch)?;
@@ -647,6 +870,7 @@ fn write_batches(out: &mut impl Write, format: Format, batches: &[RecordBatch]) 
         Format::Ndjson => {
             let mut writer = arrow::json::WriterBuilder::new()
                 .with_explicit_nulls(true)
+                .with_encoder_factory(Arc::new(NonFiniteAsStrings))
                 .build::<_, arrow::json::writer::LineDelimited>(&mut *out);
             for batch in batches {
                 writer.write(batch)?;
@@ -655,6 +879,62 @@ fn write_batches(out: &mut impl Write, format: Format, batches: &[RecordBatch]) 
         }
     }
     Ok(())
+}
+
+/// Makes the JSON writers write NaN, +inf and -inf floating-point values as
+/// the strings `"NaN"`, `"inf"` and `"-inf"` (as the table and CSV formats
+/// print them), where Arrow writes `null`, which reads as SQL NULL. Finite
+/// values are written by Arrow's own encoder; elements of lists and structs
+/// too.
+#[derive(Debug)]
+struct NonFiniteAsStrings;
+
+/// Encoder options without an encoder factory: Arrow's own encoders.
+static ARROW_ENCODING: LazyLock<EncoderOptions> = LazyLock::new(EncoderOptions::default);
+
+impl EncoderFactory for NonFiniteAsStrings {
+    fn make_default_encoder<'a>(
+        &self,
+        field: &'a FieldRef,
+        array: &'a dyn Array,
+        _options: &'a EncoderOptions,
+    ) -> Result<Option<NullableEncoder<'a>>, ArrowError> {
+        if !matches!(
+            array.data_type(),
+            DataType::Float16 | DataType::Float32 | DataType::Float64
+        ) {
+            return Ok(None);
+        }
+        let values = arrow::compute::cast(array, &DataType::Float64)?
+            .as_primitive::<Float64Type>()
+            .clone();
+        let finite = make_encoder(field, array, &ARROW_ENCODING)?;
+        let encoder = FloatEncoder { values, finite };
+        Ok(Some(NullableEncoder::new(
+            Box::new(encoder),
+            array.nulls().cloned(),
+        )))
+    }
+}
+
+/// The encoder of [`NonFiniteAsStrings`] for one floating-point array.
+struct FloatEncoder<'a> {
+    /// The array's values, as `f64`.
+    values: Float64Array,
+    /// Arrow's encoder of the array, for its finite values.
+    finite: NullableEncoder<'a>,
+}
+
+impl Encoder for FloatEncoder<'_> {
+    fn encode(&mut self, idx: usize, out: &mut Vec<u8>) {
+        let value = self.values.value(idx);
+        if value.is_finite() {
+            self.finite.encode(idx, out);
+        } else {
+            // Rust prints them as NaN, inf and -inf.
+            out.extend_from_slice(format!("\"{value}\"").as_bytes());
+        }
+    }
 }
 
 /// What the shell read.
@@ -716,7 +996,7 @@ async fn repl(ctx: &SessionContext, printer: Printer) -> Result<()> {
         tokio::select! {
             result = run_statements(ctx, printer, &sql) => {
                 if let Err(e) = result {
-                    eprintln!("Error: {e}");
+                    print_error(e.as_ref());
                 }
             }
             _ = tokio::signal::ctrl_c() => {
@@ -746,6 +1026,37 @@ mod tests {
             split_statements("SELECT 'a;''b'; -- x; y\nSELECT \"c;d\" /* ; */ FROM t;"),
             vec!["SELECT 'a;''b'", "-- x; y\nSELECT \"c;d\" /* ; */ FROM t"]
         );
+    }
+
+    #[test]
+    fn keeps_what_follows_the_last_semicolon() {
+        let split = split_terminated("SELECT 1; SELECT 'a;\n");
+        assert_eq!(split.complete, vec!["SELECT 1"]);
+        assert_eq!(split.rest, " SELECT 'a;\n");
+        assert!(split.rest_has_content);
+        // an open block comment is kept, so that the next lines stay in it
+        let split = split_terminated("SELECT 1; /* open; comment\n");
+        assert_eq!(split.rest, " /* open; comment\n");
+        assert!(!split.rest_has_content);
+    }
+
+    #[test]
+    fn error_messages_on_one_line() {
+        assert_eq!(
+            one_line("datafusion_grad\ncaused by\nExternal error: a\n  b"),
+            "datafusion_grad: External error: a b"
+        );
+    }
+
+    #[test]
+    fn panic_locations_start_at_the_crate() {
+        assert_eq!(
+            crate_relative(
+                "/root/.cargo/registry/src/index.crates.io-1949/parquet-59.3.2/src/a.rs"
+            ),
+            "parquet-59.3.2/src/a.rs"
+        );
+        assert_eq!(crate_relative("src/bin/dfgrad.rs"), "src/bin/dfgrad.rs");
     }
 
     #[test]
