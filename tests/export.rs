@@ -16,6 +16,7 @@ async fn context() -> SessionContext {
         "CREATE TABLE t (x DOUBLE, y DOUBLE, k INT)",
         "CREATE TABLE d (w DOUBLE, b DOUBLE, x DOUBLE, y DOUBLE)",
         "CREATE TABLE sink (x DOUBLE, g DOUBLE)",
+        "CREATE TABLE words (x DOUBLE, s VARCHAR, d DATE, ts TIMESTAMP)",
     ] {
         ctx.sql(ddl).await.unwrap().collect().await.unwrap();
     }
@@ -217,6 +218,220 @@ async fn refusals_are_typed() {
     let err = "oracle".parse::<SqlDialect>().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unexportable);
     assert!(err.message().contains("oracle"));
+}
+
+#[tokio::test]
+async fn functions_print_under_the_engines_names() {
+    // issue 21: SQLite has no `character_length` (DataFusion's name for `length`)
+    let sql = "SELECT grad(x * length(s), x) FROM (VALUES (1.0, 'ab')) t(x, s)";
+    let sqlite = rewrite(sql, SqlDialect::Sqlite).await.unwrap();
+    assert!(
+        sqlite.contains("length(") && !sqlite.contains("character_length"),
+        "{sqlite}"
+    );
+    for dialect in [
+        SqlDialect::DuckDb,
+        SqlDialect::Postgres,
+        SqlDialect::Generic,
+    ] {
+        let out = rewrite(sql, dialect).await.unwrap();
+        assert!(out.contains("character_length("), "{dialect}: {out}");
+    }
+
+    let cases = [
+        // (statement, dialect, text the export contains)
+        (
+            "SELECT grad(x * x, x), strpos(s, 'l') FROM words",
+            SqlDialect::Sqlite,
+            "instr(words.s, 'l')",
+        ),
+        (
+            "SELECT grad(x * x, x), trim(s) FROM words",
+            SqlDialect::Sqlite,
+            ", trim(words.s) FROM",
+        ),
+        (
+            "SELECT grad(x * x, x), trim(s) FROM words",
+            SqlDialect::DuckDb,
+            ", trim(words.s) FROM",
+        ),
+        (
+            "SELECT grad(x * x, x), trim(s) FROM words",
+            SqlDialect::Postgres,
+            "btrim(words.s)",
+        ),
+        // DataFusion's concat skips NULLs
+        (
+            "SELECT grad(x * x, x), concat(s, '!') FROM words",
+            SqlDialect::Sqlite,
+            "(coalesce(words.s, '') || coalesce(",
+        ),
+        (
+            "SELECT grad(x * x, x), concat(s, '!') FROM words",
+            SqlDialect::Generic,
+            "(coalesce(words.s, '') || coalesce(",
+        ),
+        (
+            "SELECT grad(x * x, x), nvl(s, 'none') FROM words",
+            SqlDialect::Postgres,
+            "coalesce(words.s, CAST('none' AS VARCHAR))",
+        ),
+        (
+            "SELECT grad(x * x, x), substr(s, 2, 3) FROM words",
+            SqlDialect::Sqlite,
+            "substr(words.s, 2, 3)",
+        ),
+        // DataFusion's LIKE escapes with a backslash, DuckDB's only when told
+        (
+            "SELECT grad(x * x, x) FROM words WHERE s LIKE 'a%'",
+            SqlDialect::DuckDb,
+            " ESCAPE '\\'",
+        ),
+        // round(x, n) as DataFusion computes it: round(x * 10^n) / 10^n
+        (
+            "SELECT grad(round(x, 2) * x, x) FROM words",
+            SqlDialect::DuckDb,
+            "(round((words.x * 100.0e0)) / 100.0e0)",
+        ),
+    ];
+    for (sql, dialect, expected) in cases {
+        let out = rewrite(sql, dialect).await.unwrap();
+        assert!(
+            out.contains(expected),
+            "{dialect}: `{expected}` not in {out}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn functions_an_engine_lacks_are_refused() {
+    use SqlDialect::{DataFusion, DuckDb, Generic, Postgres, Sqlite};
+    let all = &SqlDialect::ALL[..];
+    #[rustfmt::skip]
+    let cases: [(&str, &[SqlDialect], &str, &[SqlDialect]); 17] = [
+        // (statement, dialects refusing it with a message naming .., dialects exporting it)
+        ("SELECT grad(x * x, x), upper(s) FROM words",
+         &[DuckDb, Postgres, Sqlite, Generic], "function `upper`", &[DataFusion]),
+        ("SELECT grad(x * atan2(x, 2.0), x) FROM words",
+         &[Generic], "ANSI SQL has no function `atan2`", &[DataFusion, DuckDb, Postgres, Sqlite]),
+        ("SELECT grad(x * x, x), reverse(s) FROM words",
+         &[Sqlite, Generic], "function `reverse`", &[DataFusion, DuckDb, Postgres]),
+        ("SELECT grad(x * x, x), lpad(s, 3, '*') FROM words",
+         &[DuckDb, Sqlite, Generic], "function `lpad`", &[DataFusion, Postgres]),
+        ("SELECT grad(x * x, x), now() FROM words",
+         &[DuckDb, Postgres, Sqlite, Generic], "function `now`", &[DataFusion]),
+        ("SELECT grad(x * x, x), bool_and(x > 0) OVER () FROM words",
+         &[Sqlite, Generic], "has no aggregate function `bool_and`", &[DataFusion, DuckDb, Postgres]),
+        ("SELECT grad(x * x, x), stddev(x) OVER () FROM words",
+         &[Sqlite], "SQLite has no aggregate function `stddev`", &[DataFusion, DuckDb, Postgres, Generic]),
+        // SQLite and DuckDB count a start below 1 from the end
+        ("SELECT grad(x * x, x), substr(s, 0, 2) FROM words",
+         &[DuckDb, Sqlite], "start below 1", &[DataFusion, Postgres]),
+        // DataFusion drops the fraction of `second`
+        ("SELECT grad(x * x, x), date_part('second', ts) FROM words",
+         &[DuckDb, Postgres], "only the fields", &[DataFusion]),
+        ("SELECT grad(x * x, x), date_part('month', ts) FROM words",
+         &[Sqlite, Generic], "function `date_part`", &[DataFusion, DuckDb, Postgres]),
+        ("SELECT grad(x * x, x), round(x, k) FROM (SELECT x, 2 AS k FROM words)",
+         &[DuckDb, Postgres, Sqlite, Generic], "integer literal `n`", &[DataFusion]),
+        // engines write floats as text differently (1e20)
+        ("SELECT concat('d=', grad(x * x, x)) FROM words",
+         &[DuckDb, Postgres, Sqlite, Generic], "cast of a Float64 value to text", &[DataFusion]),
+        ("SELECT grad(x * x, x) FROM words WHERE s LIKE 'a%'",
+         &[Sqlite], "LIKE ignores the case", &[DataFusion, DuckDb, Postgres, Generic]),
+        ("SELECT grad(x * x, x) FROM words WHERE d > DATE '2024-01-01'",
+         &[Sqlite], "no date or time types", &[DataFusion, DuckDb, Postgres, Generic]),
+        // the unparser would drop these: refused for DataFusion too
+        ("SELECT grad(x * x, x) FROM words WHERE s SIMILAR TO 'a%'",
+         all, "SIMILAR TO", &[]),
+        ("SELECT grad(x * x, x), (SELECT string_agg(s, ',' ORDER BY s) FROM words) FROM words",
+         all, "ORDER BY inside `string_agg", &[]),
+        ("SELECT grad(x * x, x), first_value(s) IGNORE NULLS OVER (ORDER BY x) FROM words",
+         all, "IGNORE NULLS", &[]),
+    ];
+    for (sql, refusing, needle, exporting) in cases {
+        for &dialect in refusing {
+            assert_refused(rewrite(sql, dialect).await, ErrorKind::Unexportable, needle);
+        }
+        for &dialect in exporting {
+            let result = rewrite(sql, dialect).await;
+            assert!(result.is_ok(), "{dialect}: {sql}: {}", result.unwrap_err());
+        }
+    }
+    // one sentence naming the function and the dialect
+    let err = rewrite("SELECT grad(x * x, x), upper(s) FROM words", Sqlite)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "[unexportable] SQLite has no function `upper` known to mean what DataFusion's \
+             does, so a call of it cannot be exported for sqlite"
+        ),
+        "{err}"
+    );
+}
+
+/// What the derivative rules write (`cos`, `trunc`, `isnan`, `power`, …, and
+/// `f` itself where the rule reuses it) is known to, or lowered for, every
+/// dialect's table of functions.
+#[test]
+fn every_rule_exports_to_every_dialect() {
+    let expressions = [
+        "exp(x)",
+        "ln(x)",
+        "log(x)",
+        "log(2.0, x)",
+        "log(y, x)",
+        "log2(x)",
+        "log10(x)",
+        "sqrt(x)",
+        "cbrt(x)",
+        "sin(x)",
+        "cos(x)",
+        "tan(x)",
+        "cot(x)",
+        "asin(x)",
+        "acos(x)",
+        "atan(x)",
+        "atan2(x, y)",
+        "sinh(x)",
+        "cosh(x)",
+        "tanh(x)",
+        "asinh(x)",
+        "acosh(x)",
+        "atanh(x)",
+        "degrees(x)",
+        "radians(x)",
+        "abs(x)",
+        "signum(x) * x",
+        "floor(x) * x",
+        "ceil(x) * x",
+        "round(x) * x",
+        "round(x, 2) * x",
+        "trunc(x) * x",
+        "trunc(x, 1) * x",
+        "greatest(x, y)",
+        "least(x, y)",
+        "CASE WHEN x > y THEN x ELSE y END",
+        "coalesce(x, y)",
+        "nvl(x, y)",
+        "nvl2(x, y, x)",
+        "nullif(x, y)",
+        "nanvl(x, y)",
+        "CAST(x AS INT) * x",
+        "TRY_CAST(x AS INT) * x",
+        "power(x, y)",
+        "power(x, 3)",
+        "x % y",
+        "x / y",
+        "-x * pi()",
+    ];
+    for dialect in SqlDialect::ALL {
+        for e in expressions {
+            let result = differentiate_sql(e, "x", dialect);
+            assert!(result.is_ok(), "{dialect}: {e}: {}", result.unwrap_err());
+        }
+    }
 }
 
 #[test]

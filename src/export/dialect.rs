@@ -58,12 +58,42 @@ impl SqlDialect {
         }
     }
 
+    /// The engine's name as written in messages, e.g. `"PostgreSQL"`.
+    pub fn title(self) -> &'static str {
+        match self {
+            SqlDialect::DataFusion => "DataFusion",
+            SqlDialect::DuckDb => "DuckDB",
+            SqlDialect::Postgres => "PostgreSQL",
+            SqlDialect::Sqlite => "SQLite",
+            SqlDialect::Generic => "ANSI SQL",
+        }
+    }
+
     /// The name the engine knows the DataFusion function `name` by, where
-    /// it differs.
+    /// it differs (with the same meaning).
     pub(crate) fn rename(self, name: &str) -> Option<&'static str> {
         let renames: &[(&str, &str)] = match self {
             SqlDialect::DataFusion => &[],
-            _ => &[("signum", "sign"), ("var", "var_samp")],
+            SqlDialect::DuckDb => &[
+                ("signum", "sign"),
+                ("var", "var_samp"),
+                ("stddev", "stddev_samp"),
+                ("btrim", "trim"),
+                ("octet_length", "strlen"),
+            ],
+            SqlDialect::Postgres => &[
+                ("signum", "sign"),
+                ("var", "var_samp"),
+                ("stddev", "stddev_samp"),
+            ],
+            SqlDialect::Generic => &[("var", "var_samp"), ("stddev", "stddev_samp")],
+            SqlDialect::Sqlite => &[
+                ("signum", "sign"),
+                ("character_length", "length"),
+                ("btrim", "trim"),
+                ("strpos", "instr"),
+                ("string_agg", "group_concat"),
+            ],
         };
         renames
             .iter()

@@ -11,12 +11,15 @@
 //! Both use the same differentiation engine as the in-DataFusion path: the
 //! statement is planned and analyzed by a session with the markers installed,
 //! then printed ([`statement`]) after rewriting what the engine lacks
-//! ([`lower`]) and fixing what the unparser prints wrongly ([`tidy`]). A
-//! statement that cannot be printed faithfully is an
-//! [`ErrorKind::Unexportable`](crate::ErrorKind::Unexportable) error.
+//! ([`lower`]), checking that every function left is one the engine is known
+//! to have with DataFusion's meaning ([`known`]), and fixing what the
+//! unparser prints wrongly ([`tidy`]). A statement that cannot be printed
+//! faithfully is an [`ErrorKind::Unexportable`](crate::ErrorKind::Unexportable)
+//! error.
 
 mod dialect;
 pub mod function;
+mod known;
 mod lower;
 mod statement;
 mod tidy;

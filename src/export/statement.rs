@@ -108,10 +108,10 @@ impl Printer {
         })
     }
 
-    /// `plan` printed by DataFusion's unparser (its binding projections made
-    /// printable first), then tidied.
+    /// `plan` printed by DataFusion's unparser (its binding projections and
+    /// `VALUES` lists made printable first), then tidied.
     fn unparse(&self, plan: &LogicalPlan) -> Result<String> {
-        let plan = printable(plan.clone())?;
+        let plan = values_as_selects(printable(plan.clone())?)?;
         let mut statement = Unparser::new(&self.target)
             .plan_to_sql(&plan)
             .map_err(|e| cannot_print(&e))?;
@@ -292,6 +292,37 @@ impl Printer {
         })
         .map(|t| t.data)
     }
+}
+
+/// `plan` with each `VALUES` list, which DataFusion's unparser cannot print,
+/// as the `UNION ALL` of one `SELECT` per row, each value cast to its
+/// column's type (`1.0` would be NUMERIC in PostgreSQL).
+fn values_as_selects(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| {
+        let LogicalPlan::Values(values) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let fields = values.schema.fields();
+        let selects = values
+            .values
+            .iter()
+            .map(|row| {
+                let columns = row.iter().zip(fields).map(|(value, field)| {
+                    cast(value.clone(), field.data_type().clone()).alias(field.name())
+                });
+                LogicalPlanBuilder::empty(true).project(columns)?.build()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut selects = selects.into_iter();
+        let Some(first) = selects.next() else {
+            return Ok(Transformed::no(node));
+        };
+        let union = selects.try_fold(LogicalPlanBuilder::from(first), |all, select| {
+            all.union(select)
+        })?;
+        Ok(Transformed::yes(union.build()?))
+    })
+    .map(|t| t.data)
 }
 
 /// The schema a node's expressions are evaluated over.

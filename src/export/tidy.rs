@@ -3,7 +3,8 @@
 //! - `-(-x)` is printed `--x`, which SQL reads as a comment: nested
 //!   negations (and negated negative numbers) are parenthesized.
 //! - functions the engine names differently are renamed
-//!   ([`SqlDialect::rename`]: `signum` → `sign`, `var` → `var_samp`).
+//!   ([`SqlDialect::rename`]: `signum` → `sign`, `var` → `var_samp`,
+//!   SQLite's `length` for `character_length`, …).
 //! - floats are printed in full positional notation (`1e-300` as 300
 //!   digits): they are written as the shortest text that reads back as the
 //!   same double, with an exponent where that is shorter. DuckDB reads a

@@ -51,10 +51,12 @@ MAX_SQL_IN_REPORT = 3000
 
 # --------------------------------------------------------------------------
 # Test data: small deterministic tables. Floats are written with a decimal
-# point so that DataFusion's CSV inference reads them as Float64; None is NULL.
+# point so that DataFusion's CSV inference reads them as Float64, dates as
+# YYYY-MM-DD (read as Date32); None is NULL. Text cells are written as they
+# are, so they hold no commas, quotes or line breaks.
 # --------------------------------------------------------------------------
 
-F, I = "float", "int"
+F, I, T, D = "float", "int", "text", "date"
 
 TABLES = {
     "t": (
@@ -104,12 +106,23 @@ TABLES = {
         [("x", F), ("y", F)],
         [(0.0, 1.0), (1.0, 3.0), (2.0, 5.0), (3.0, 7.0), (4.0, 9.0)],
     ),
+    "words": (
+        [("id", I), ("x", F), ("s", T), ("d", D)],
+        [
+            (1, 0.25, "ab", "2024-01-15"),
+            (2, 0.5, "héllo", "2023-06-30"),
+            (3, 0.75, "xxpaddedxx", "2020-02-29"),
+            (4, 1.25, "a_b%c", "1999-12-31"),
+            (5, 1.5, None, None),
+            (6, 2.0, "Straße", "2024-03-10"),
+        ],
+    ),
 }
 
 ENGINE_TYPES = {
-    "duckdb": {I: "BIGINT", F: "DOUBLE"},
-    "postgres": {I: "BIGINT", F: "DOUBLE PRECISION"},
-    "sqlite": {I: "INTEGER", F: "REAL"},
+    "duckdb": {I: "BIGINT", F: "DOUBLE", T: "VARCHAR", D: "DATE"},
+    "postgres": {I: "BIGINT", F: "DOUBLE PRECISION", T: "TEXT", D: "DATE"},
+    "sqlite": {I: "INTEGER", F: "REAL", T: "TEXT", D: "TEXT"},
 }
 
 
@@ -127,8 +140,10 @@ def write_tables(directory):
                         cells.append("")
                     elif kind == F:
                         cells.append(repr(float(v)))
-                    else:
+                    elif kind == I:
                         cells.append(str(int(v)))
+                    else:
+                        cells.append(v)
                 f.write(",".join(cells) + "\n")
         paths[name] = path
     return paths

@@ -19,7 +19,10 @@
 --   tn(id, x, y)       6 rows with NULLs in x and y
 --   g(id, w, b, x, y)  16 rows in 4 groups (w, b); one NULL y
 --   pts(x, y)          5 points on y = 2x + 1
--- Domains are valid for every function and no point is at a kink.
+--   words(id, x, s, d) 6 rows; x > 0, s text (non-ASCII, `_`, `%`), d a date
+--                      (SQLite: text); one row with NULL s and d
+-- Domains are valid for every function and no point is at a kink. Text
+-- results are never empty strings: dfgrad's CSV output writes '' as NULL.
 
 ------------------------------------------------------------------------------
 -- Derivative rules, one or more per case
@@ -453,3 +456,115 @@ SELECT id, d FROM ctas_d ORDER BY id;
 -- name: ddl_create_view
 CREATE VIEW view_d AS SELECT id, grad(exp(x) * z, z) AS dz, grad(exp(x) * z, x) AS dx FROM t;
 SELECT id, dz, dx FROM view_d ORDER BY id;
+
+------------------------------------------------------------------------------
+-- Strings, dates and other non-numeric functions next to derivatives: each
+-- function is exported under the engine's name for it (SQLite's `length`,
+-- `instr`, `trim`), rewritten (`concat` as `||` in SQLite, `round(x, n)` as
+-- DataFusion computes it), or refused where the engine lacks it or means
+-- something else by it (src/export/known.rs)
+------------------------------------------------------------------------------
+
+-- name: text_length_issue21
+SELECT grad(x * length(s), x) AS d FROM (VALUES (1.0, 'ab')) t(x, s);
+
+-- name: text_length
+SELECT id, grad(x * character_length(s), x) AS d, length(s) AS n, char_length(s) * x AS nx
+FROM words ORDER BY id;
+
+-- name: text_substr_concat
+SELECT id, grad(x * x, x) AS d, substr(s, 2, 3) AS sub, substring(s FROM 2) AS rest,
+       concat(s, '#', id) AS c, s || '!' AS p
+FROM words ORDER BY id;
+
+-- name: text_trim_replace_position
+SELECT id, grad(exp(x), x) AS d, trim(BOTH 'x' FROM s) AS tb, ltrim(s, 'x') AS tl, rtrim(s, 'x') AS tr,
+       replace(s, 'l', 'L') AS r, strpos(s, 'l') AS p, position('b' IN s) AS q
+FROM words ORDER BY id;
+
+-- name: text_coalesce_nvl
+SELECT id, grad(x * nvl2(length(s), 2.0, 3.0), x) AS d, nvl(s, 'none') AS n, coalesce(s, 'none') AS c,
+       nullif(s, 'ab') AS ni
+FROM words ORDER BY id;
+
+-- name: text_like
+-- refuse: sqlite
+SELECT id, grad(x * x, x) AS d, s LIKE 'a%' AS a, s LIKE 'a\_b%' AS esc, s NOT LIKE '%l%' AS nl
+FROM words ORDER BY id;
+
+-- name: text_postgres_duckdb_only
+-- refuse: sqlite
+SELECT id, grad(ln(x), x) AS d, left(s, 2) AS l2, right(s, 2) AS r2, reverse(s) AS rv,
+       repeat(s, 2) AS rp, md5(s) AS m, starts_with(s, 'a') AS sw, split_part(s, 'b', 1) AS sp,
+       octet_length(s) AS ol, bit_length(s) AS bl, ascii(s) AS a, chr(64 + id) AS c,
+       translate(s, 'ab', 'x') AS tr, left(s, (id % 2) * 2 - 1) AS ln, repeat(s, id % 3 + 1) AS rn
+FROM words ORDER BY id;
+
+-- name: text_ends_with_duckdb_only
+-- refuse: postgres, sqlite
+SELECT id, grad(x * x, x) AS d, ends_with(s, 'o') AS ew FROM words ORDER BY id;
+
+-- name: text_lpad_postgres_only
+-- refuse: duckdb, sqlite
+SELECT id, grad(x * x, x) AS d, lpad(s, 4, '*') AS lp, rpad(s, 7) AS rp, btrim(s, 'x') AS bt
+FROM words ORDER BY id;
+
+-- name: text_case_mapping_refused
+-- refuse: duckdb, postgres, sqlite
+SELECT id, grad(x * x, x) AS d, upper(s) AS u FROM words ORDER BY id;
+
+-- name: text_substr_negative_start
+-- refuse: duckdb, sqlite
+SELECT id, grad(x * x, x) AS d, substr(s, -1, 3) AS sub FROM words ORDER BY id;
+
+-- name: text_float_as_text_refused
+-- refuse: duckdb, postgres, sqlite
+SELECT id, concat('d=', grad(x * x, x)) AS d FROM words ORDER BY id;
+
+-- name: text_similar_to_refused
+-- refuse: datafusion, duckdb, postgres, sqlite
+SELECT id, grad(x * x, x) AS d FROM words WHERE s SIMILAR TO '%l%' ORDER BY id;
+
+-- name: text_ordered_aggregate_refused
+-- refuse: datafusion, duckdb, postgres, sqlite
+SELECT id, grad(x * x, x) AS d, (SELECT string_agg(s, ',' ORDER BY s) FROM words) AS all_s
+FROM words ORDER BY id;
+
+-- name: date_part_trunc
+-- refuse: sqlite
+SELECT id, grad(x * date_part('month', d), x) AS dm, EXTRACT(YEAR FROM d) AS y,
+       date_part('dow', d) AS dow, date_part('doy', d) AS doy, date_part('week', d) AS wk,
+       date_part('quarter', d) AS q, date_part('day', date_trunc('month', CAST(d AS TIMESTAMP))) AS first,
+       date_part('month', make_date(2024, id, 1)) AS mk
+FROM words ORDER BY id;
+
+-- name: date_literal_compare
+-- refuse: sqlite
+SELECT id, grad(x * x, x) AS d, d > DATE '2022-01-01' AS recent FROM words ORDER BY id;
+
+-- name: date_second_refused
+-- refuse: duckdb, postgres, sqlite
+SELECT id, grad(x * x, x) AS d, date_part('second', CAST(d AS TIMESTAMP)) AS s FROM words ORDER BY id;
+
+-- name: date_now_refused
+-- refuse: duckdb, postgres, sqlite
+SELECT id, grad(x * x, x) AS d, date_part('year', now()) >= 2024 AS now_ok FROM words ORDER BY id;
+
+-- name: round_digits
+SELECT id, round(x, 1) AS r1, round(y, -1) AS rm, trunc(y * 10.0, -1) AS tm, trunc(z, 2) AS t2,
+       round(x * 0.0 + 0.49999999999999994) AS r0, grad(round(x, 1) * y, y) AS d
+FROM t ORDER BY id;
+
+-- name: window_ranking_next_to_derivative
+SELECT id, grad(x * x, x) AS d, rank() OVER (ORDER BY s) AS rk, row_number() OVER (ORDER BY x DESC) AS rn,
+       lag(x, 1, 0.0) OVER (ORDER BY id) AS lg, ntile(2) OVER (ORDER BY id) AS nt
+FROM words ORDER BY id;
+
+-- name: aggregate_string_agg_one_per_group
+SELECT id, sum(grad(x * x, x)) AS d, string_agg(s, ',') AS sa, count(s) AS n
+FROM words GROUP BY id ORDER BY id;
+
+-- name: aggregate_bool_postgres_duckdb
+-- refuse: sqlite
+SELECT id % 2 AS k, sum(grad(x * x, x)) AS d, bool_and(x > 0.3) AS ba, bool_or(s LIKE 'a%') AS bo
+FROM words GROUP BY id % 2 ORDER BY k;
