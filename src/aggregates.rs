@@ -39,7 +39,10 @@ use datafusion::logical_expr::{
 use crate::analyzer::{has_marker, rewrite_node, wrt_columns};
 use crate::engine::fill_placeholders;
 use crate::error::{fail, ErrorKind, GradError};
-use crate::lineage::{identity_of, value_use_of_outer, AggregateRef, Scope, AGGREGATE_PREFIX};
+use crate::lineage::{
+    expr_parts, identity_of, overlaps, parts, rereads, value_use_of_outer, AggregateRef, Scope,
+    AGGREGATE_PREFIX,
+};
 use crate::marker::{as_marker, Marker, MarkerKind};
 use crate::outer::{
     is_outer_variable, outer_name, outer_variables, plan_reads, same_outer, subquery_reads,
@@ -332,11 +335,21 @@ fn derivative_aggregate(
                 &win.input,
             ),
             WindowFunctionDefinition::WindowUDF(f) => {
+                // Piecewise constant in what it partitions and orders by
+                // (`row_number`, `rank`, …), so it contributes 0 unless a
+                // variable flows into its arguments (`lag(x)`).
+                if !reads_variable(&call.params.args, &win.input, w, scope)? {
+                    return Ok((lit(0.0), false));
+                }
                 return Err(GradError::non_differentiable(
                     f.name(),
-                    "a ranking or navigation window function has no derivative",
+                    &format!(
+                        "a ranking or navigation window function has no derivative with \
+                         respect to `{w}`, which its arguments read (it is piecewise constant \
+                         only in what it partitions and orders by)"
+                    ),
                 )
-                .into())
+                .into());
             }
         },
         (_, e) => {
@@ -407,6 +420,15 @@ fn derivative_aggregate(
                 );
             }
             if let Expr::Column(c) = w {
+                // Another scan of the variable's rows: the aggregate depends
+                // on the variable in the other rows.
+                if overlaps(&scope.parts(c)?, &parts(r.plan, r.idx)?) {
+                    let what = match r.plan {
+                        LogicalPlan::Window(_) => "window function",
+                        _ => "aggregate",
+                    };
+                    return rereads(c, &format!("the {what} `{}`", aggregate_call(r)));
+                }
                 if input.schema().has_column(c) || keys.iter().any(|k| unalias(k) == w) {
                     // The same name below, but not traced to the same value:
                     // never guess 0 (seen with a prepared statement's
@@ -483,6 +505,32 @@ fn derivative_aggregate(
         })?
         .data;
     Ok((derivative, SAME_NULLS.contains(&rule_name)))
+}
+
+/// Whether the arguments `args` (over `input`) of an aggregate or window
+/// function read the variable `w` (a column of `scope`, or an outer
+/// variable), or what it is made of.
+fn reads_variable(args: &[Expr], input: &LogicalPlan, w: &Expr, scope: &Scope) -> Result<bool> {
+    match w {
+        Expr::Column(c) => {
+            let variable = scope.parts(c)?;
+            for a in args {
+                if overlaps(&variable, &expr_parts(a, input)?) {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        w => {
+            let reads = |e: &Expr| e.exists(|n| Ok(same_outer(n, w) || subquery_reads(n, w)?));
+            for a in args {
+                if reads(a)? {
+                    return Ok(true);
+                }
+            }
+            plan_reads(input, w)
+        }
+    }
 }
 
 /// `plan` with the added aggregate columns computed in their Aggregate nodes

@@ -14,6 +14,10 @@
 //!   `src/outer.rs`); a result DataFusion 55 cannot execute is refused
 //!   with a typed error, never treated as an independent column (which
 //!   would silently give 0);
+//! - `f` reading a value that the variable flows into where the rewrite
+//!   cannot follow (through a recursive CTE's iterations, or another scan of
+//!   the variable's rows in a subquery, aggregate or window) is refused with
+//!   a typed error (see [`crate::lineage`]);
 //! - the markers of one plan node are differentiated together in one DAG
 //!   ([`Workspace`]), and the subexpressions their derivatives share are
 //!   computed once, by projections inserted below the node ([`share`]): the
@@ -38,7 +42,7 @@ use crate::aggregates::through_aggregates;
 use crate::dml::inline_updates;
 use crate::engine::{fill_placeholders, share, Layer, Workspace};
 use crate::error::{fail, ErrorKind};
-use crate::lineage::{correlated_value_use, Scope};
+use crate::lineage::{correlated_value_use, refuse_outer_rereads, refuse_rereads, Scope};
 use crate::marker::{as_marker, expand_markers, MarkerKind};
 use crate::outer::{has_outer_variable, outer_variables};
 use crate::subqueries::through_subqueries;
@@ -53,6 +57,7 @@ pub struct GradAnalyzer;
 
 impl AnalyzerRule for GradAnalyzer {
     fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+        refuse_outer_rereads(&plan)?;
         let plan = plan.transform_up_with_subqueries(rewrite_node)?;
         let plan = match plan.transformed {
             true => refresh_outer_references(plan.data)?,
@@ -159,6 +164,7 @@ pub(crate) fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
     }
+    refuse_rereads(&node)?;
     let (node, subqueries) = through_subqueries(node)?;
     let node = through_aggregates(node)?;
     let node = inline_derived(node)?;
