@@ -25,7 +25,7 @@ dfgrad) on the same data, so the script also checks that the losses after the
 timed steps agree to 1e-9 (exit status 1 otherwise).
 
 Usage:
-    python3 benches/compare_mlp.py [--dfgrad PATH] [--steps 50] [--repeat 3]
+    python3 benches/compare_mlp.py [--dfgrad PATH] [--steps 50] [--repeat 3] [--device cpu|gpu|auto]
 """
 
 import argparse
@@ -94,15 +94,15 @@ def dfgrad_path(given):
     sys.exit("no dfgrad binary: cargo build --release, or pass --dfgrad")
 
 
-def run_ours(dfgrad, steps_list, repeat):
+def run_ours(dfgrad, steps_list, repeat, device):
     """Elapsed seconds of the training statement for each step count, and losses."""
-    args = [dfgrad, "-c", DATA]
+    args = [dfgrad, "-c", f"SET datafusion_grad.tensor_device = '{device}'", "-c", DATA]
     for _ in range(repeat):
         for steps in steps_list:
             args += ["-c", TRAIN.format(steps=steps)]
     done = subprocess.run(args, capture_output=True, text=True, check=True)
     out = done.stdout + "\n" + done.stderr  # timings are printed on stderr
-    elapsed = [float(m) for m in re.findall(r"Elapsed ([0-9.]+) seconds", out)][1:]
+    elapsed = [float(m) for m in re.findall(r"Elapsed ([0-9.]+) seconds", out)][2:]
     losses = [float(m) for m in re.findall(r"^\|\s*\d+\s*\|\s*([-0-9.eE]+)\s*\|$", out, re.M)]
     times = {s: [] for s in steps_list}
     for i, t in enumerate(elapsed):
@@ -145,13 +145,15 @@ def main():
     ap.add_argument("--dfgrad")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "gpu", "auto"],
+                    help="datafusion_grad.tensor_device for ours (gpu needs a build with --features cuda)")
     args = ap.parse_args()
     dfgrad = dfgrad_path(args.dfgrad)
 
     x, y, w1, w2 = export_data(dfgrad)
     params = (w1, np.zeros(20), w2, np.zeros(10))
     short, long = 3, 3 + args.steps
-    times, losses = run_ours(dfgrad, [short, long], args.repeat)
+    times, losses = run_ours(dfgrad, [short, long], args.repeat, args.device)
     ours_step = (times[long] - times[short]) / args.steps
 
     np_times = []
@@ -170,7 +172,7 @@ def main():
         p = numpy_step(x, y, *p)
     np_loss_long = numpy_loss(x, y, *p)
 
-    print(f"dfgrad: {dfgrad}")
+    print(f"dfgrad: {dfgrad}, tensor_device = '{args.device}'")
     print("| | ours | NumPy (1 thread) | ours / NumPy |")
     print("|---|---:|---:|---:|")
     print(f"| one step, batch 2000 (ms) | {ours_step * 1e3:.2f} | {np_step * 1e3:.2f} | {ours_step / np_step:.2f}x |")

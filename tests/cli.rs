@@ -1,14 +1,12 @@
 //! End-to-end tests of the `dfgrad` command-line tool.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{dfgrad, dfgrad_ok};
+use crate::common::{dfgrad, dfgrad_ok};
 
 /// Runs `dfgrad` with `args` and `input` piped into its stdin. Without
 /// `RUST_BACKTRACE`, with which dfgrad also prints Rust's panic report.

@@ -4,8 +4,6 @@
 //! import; what cannot be exported is refused with a typed error.
 #![cfg(feature = "substrait")]
 
-mod common;
-
 use std::path::Path;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
@@ -20,7 +18,7 @@ use datafusion_grad::substrait::{
 };
 use datafusion_grad::{ErrorKind, GradError};
 
-use common::{dfgrad, dfgrad_ok};
+use crate::common::{dfgrad, dfgrad_ok};
 
 /// Tables `t(x, y, g)` (x has a NULL; g is an integer group) and
 /// `pts(w, x, y)` (points of a regression, grouped by the weight `w`).

@@ -17,6 +17,8 @@ mod ballista;
 mod broadcast;
 #[path = "cli.rs"]
 mod cli;
+/// Helpers shared by the test modules (running the `dfgrad` binary).
+mod common;
 #[path = "cuda.rs"]
 mod cuda;
 #[path = "export.rs"]

@@ -2,9 +2,7 @@
 //! step as `INSERT`), each checked against an independent computation done
 //! here in plain Rust on data regenerated exactly as the SQL generates it.
 
-mod common;
-
-use common::dfgrad_ok;
+use crate::common::dfgrad_ok;
 
 /// The path of an example file.
 fn example(name: &str) -> String {

@@ -149,30 +149,35 @@ impl Form {
     }
 }
 
-/// The smallest product (m·n·k multiply-adds) that `auto` sends to the GPU:
-/// 2^24 multiply-adds are ~34 MFLOP, about a millisecond for the CPU GEMM on
-/// a few cores, so a GPU call's fixed cost (launches, a synchronisation and
-/// the transfers' latency: tens of microseconds) is small beside it. An
-/// estimate, not yet measured on a GPU.
-pub const GPU_MIN_WORK: usize = 1 << 24;
+/// The least multiply-adds (over the whole batch: rows·m·n·k) that `auto`
+/// sends to the GPU. Measured (docs/benchmarks.md, `benches/gpu_gemm.rs`, an
+/// H200 over PCIe 5 against one core of its host's Xeon): a GPU call costs
+/// ~150 µs however small, about what the CPU kernel takes for 2^20-2^21
+/// multiply-adds (64³: CPU 27 µs, GPU 176 µs; 128³ = 2^21: CPU 329 µs, GPU
+/// 266 µs; 192³: CPU 1.07 ms, GPU 0.28 ms).
+pub const GPU_MIN_WORK: usize = 1 << 21;
 
 /// The least multiply-adds per matrix element moved to or from the GPU that
-/// `auto` asks for: operands and result cross PCIe (~25 GB/s, ~3 G doubles/s)
-/// on every call, while the CPU GEMM does ~25-50 G multiply-adds/s, so below
-/// ~8-16 per element the copies alone take longer than the CPU product (e.g.
-/// an m×1 by 1×n outer product is never worth it). An estimate, not yet
-/// measured on a GPU. The MLP's 2000×784 by 784×20 product has ~19.
-pub const GPU_MIN_INTENSITY: usize = 16;
+/// `auto` asks for: operands and result cross PCIe on every call, so a
+/// product with little arithmetic per element is bound by the copies.
+/// Measured as above: outer products (≈1 per element) run 2-3x faster on
+/// the CPU, matrix-vector products (≈1) and 2048×8·2048 (≈8) about even,
+/// 2048×32·2048 (≈31) 4.5x faster on the GPU, a batch of 1,024 16³ products
+/// (≈5) even and of 256 32³ products (≈11) 1.9x faster on the GPU. The MLP's
+/// 2000×784 by 784×20 product (≈19) runs 2.9x faster on the GPU.
+pub const GPU_MIN_INTENSITY: usize = 8;
 
-/// Whether `auto` would run an m×k by k×n product on the GPU (when one is
-/// present): large enough, and enough arithmetic per element copied.
-pub fn gpu_worthwhile(m: usize, n: usize, k: usize) -> bool {
+/// Whether `auto` would run `rows` products of an m×k by k×n product on the
+/// GPU (when one is present): enough work in the batch, and enough
+/// arithmetic per element copied (each row's operands counted, as when
+/// neither is constant).
+pub fn gpu_worthwhile(m: usize, n: usize, k: usize, rows: usize) -> bool {
     let work = m.saturating_mul(n).saturating_mul(k);
     let moved = m
         .saturating_mul(k)
         .saturating_add(k.saturating_mul(n))
         .saturating_add(m.saturating_mul(n));
-    work >= GPU_MIN_WORK && work / GPU_MIN_INTENSITY >= moved
+    work.saturating_mul(rows) >= GPU_MIN_WORK && work / GPU_MIN_INTENSITY >= moved
 }
 
 /// The products of every row of `b` (the two arguments of `matmul`,
@@ -184,7 +189,7 @@ fn products(b: &Batch, form: Form, m: usize, n: usize, k: usize) -> Result<Vec<f
         Device::Gpu => return gpu_products(b, form, m, n, k),
         Device::Auto => {
             #[cfg(feature = "cuda")]
-            if gpu_worthwhile(m, n, k) && super::cuda::available() {
+            if gpu_worthwhile(m, n, k, b.rows) && super::cuda::available() {
                 // A GPU failure here (e.g. out of device memory) falls back
                 // to the CPU: `auto` promises a result, not a device.
                 if let Ok(values) = gpu_products(b, form, m, n, k) {

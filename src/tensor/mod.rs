@@ -230,13 +230,20 @@ mod tests {
 
     #[test]
     fn auto_threshold() {
-        // The MLP's first layer (2000 samples, 784 -> 20) qualifies; small
-        // products, and large ones with little work per element, do not.
-        assert!(linalg::gpu_worthwhile(2000, 20, 784));
-        assert!(linalg::gpu_worthwhile(64, 64, 4096));
-        assert!(!linalg::gpu_worthwhile(2000, 10, 20));
-        assert!(!linalg::gpu_worthwhile(1 << 12, 1 << 12, 1));
-        assert!(!linalg::gpu_worthwhile(255, 256, 256));
-        assert!(linalg::gpu_worthwhile(256, 256, 256));
+        // The MLP's first layer (2000 samples, 784 -> 20) qualifies, and so
+        // do products of 2^21 multiply-adds or more, alone or in a batch,
+        // with 8 or more multiply-adds per element moved; small products,
+        // and large ones with little work per element, do not.
+        assert!(linalg::gpu_worthwhile(2000, 20, 784, 1));
+        assert!(linalg::gpu_worthwhile(64, 64, 4096, 1));
+        assert!(!linalg::gpu_worthwhile(2000, 10, 20, 1));
+        assert!(!linalg::gpu_worthwhile(1 << 12, 1 << 12, 1, 1));
+        assert!(!linalg::gpu_worthwhile(4096, 1, 4096, 1));
+        assert!(!linalg::gpu_worthwhile(127, 128, 128, 1));
+        assert!(linalg::gpu_worthwhile(128, 128, 128, 1));
+        assert!(!linalg::gpu_worthwhile(64, 64, 64, 1));
+        assert!(linalg::gpu_worthwhile(64, 64, 64, 8));
+        assert!(linalg::gpu_worthwhile(32, 32, 32, 256));
+        assert!(!linalg::gpu_worthwhile(16, 16, 16, 1024));
     }
 }
