@@ -18,16 +18,19 @@ Tensor columns (vectors and matrices, with differentiable ``matmul``,
 
 For the stock ``datafusion`` package, :func:`install` adds grad/jvp/vjp, the
 table function ``grad_query`` and a differentiating query planner to a
-``datafusion.SessionContext``.
+``datafusion.SessionContext`` of datafusion-python of our DataFusion major
+version (``DATAFUSION_VERSION``); other versions (and xarray-sql) exchange
+tables and results with :class:`SessionContext` through Arrow streams.
 """
 
 from __future__ import annotations
 
 from . import errors, tensor
+from ._internal import DATAFUSION_VERSION
 from ._internal import differentiate_sql as _differentiate_sql
 from .context import SessionContext
 from .dataframe import DataFrame
-from .errors import DataFusionGradError, GradError, QueryError
+from .errors import DataFusionGradError, GradError, IncompatibleDataFusionError, QueryError
 from .interop import GradExtension, install
 
 __version__ = "0.1.0"
@@ -60,10 +63,12 @@ def rewrite_sql(
 
 
 __all__ = [
+    "DATAFUSION_VERSION",
     "DataFrame",
     "DataFusionGradError",
     "GradError",
     "GradExtension",
+    "IncompatibleDataFusionError",
     "QueryError",
     "SessionContext",
     "differentiate_sql",

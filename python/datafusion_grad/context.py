@@ -83,8 +83,26 @@ class SessionContext:
     def register_arrow(self, name: str, data: Any) -> None:
         """Registers ``data`` as the in-memory table ``name``: any object
         exposing ``__arrow_c_stream__`` (pyarrow Table/RecordBatchReader,
-        polars DataFrame, another query's DataFrame, ...), a pyarrow
-        RecordBatch, or a pandas DataFrame."""
+        polars DataFrame, another query's DataFrame, a DataFrame of the stock
+        ``datafusion`` package of any version, an xarray-sql result, ...), a
+        pyarrow RecordBatch, or a pandas DataFrame. The stream is read once,
+        when registering.
+
+        This is the way in from a datafusion-python whose major version
+        differs from ours (:func:`datafusion_grad.install` refuses those),
+        e.g. 54, which xarray-sql 0.6 pins: run their query there, register
+        its DataFrame here, and hand our DataFrame (also an Arrow stream)
+        back to their ``from_arrow``. With xarray-sql's ``XarrayContext`` as
+        ``theirs`` it reads the same; here the stock package stands in:
+
+        >>> import datafusion, datafusion_grad as dg
+        >>> theirs = datafusion.SessionContext()
+        >>> ctx = dg.SessionContext()
+        >>> ctx.register_arrow("t", theirs.sql("SELECT 1.0 AS x UNION ALL SELECT 2.0"))
+        >>> df = ctx.sql("SELECT x, grad(x * x, x) AS d FROM t ORDER BY x")
+        >>> theirs.from_arrow(df, name="result").to_pydict()
+        {'x': [1.0, 2.0], 'd': [2.0, 4.0]}
+        """
         self._raw.register_arrow_stream(name, _arrow_stream(data))
 
     def register_record_batches(

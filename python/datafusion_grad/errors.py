@@ -3,8 +3,10 @@
 Every error is a :class:`DataFusionGradError`. Differentiation errors are
 :class:`GradError` subclasses, one per stable kind of the Rust
 ``datafusion_grad::ErrorKind`` (the ``kind`` attribute holds its name); any
-other planning or execution error is a :class:`QueryError`. All of them keep
-the engine's message intact and pickle.
+other planning or execution error is a :class:`QueryError`;
+:class:`IncompatibleDataFusionError` (Python only) refuses a stock
+``datafusion`` package of another major version. All of them keep the
+engine's message intact and pickle.
 
 >>> import datafusion_grad as dg
 >>> try:
@@ -24,6 +26,39 @@ class DataFusionGradError(Exception):
 class QueryError(DataFusionGradError):
     """A planning or execution error that is not about differentiation
     (SQL syntax, unknown table, type mismatch, I/O, ...)."""
+
+
+class IncompatibleDataFusionError(DataFusionGradError):
+    """The stock ``datafusion`` package (datafusion-python) handed to
+    :func:`datafusion_grad.install` or :class:`datafusion_grad.GradExtension`
+    has another major version than the one datafusion_grad is built against.
+    The FFI structs differ between majors, so the check runs before anything
+    crosses the FFI boundary: this error instead of a crash. Raised by the
+    Python package only (no Rust ErrorKind). ``found`` is the caller's
+    version, ``expected`` the DataFusion version we are built against.
+
+    Tables and results still move between the two through Arrow streams
+    (:meth:`datafusion_grad.SessionContext.register_arrow`, and the stock
+    ``SessionContext.from_arrow`` for our DataFrames)."""
+
+    def __init__(self, found: str, expected: str) -> None:
+        self.found = found
+        self.expected = expected
+        major = expected.split(".")[0]
+        super().__init__(
+            f"datafusion {found} is not supported: datafusion_grad is built against "
+            f"DataFusion {expected} (datafusion-python {major}.*), and the FFI structs "
+            "of different major versions differ, so plugging into this session would "
+            "crash the process. Install the matching version "
+            f'(pip install "datafusion=={major}.*"), or keep datafusion {found} '
+            "(e.g. for xarray-sql) and move data through Arrow streams: "
+            "datafusion_grad.SessionContext().register_arrow(name, their_dataframe) "
+            "takes their tables and results, and their_ctx.from_arrow(our_dataframe) "
+            "takes ours back"
+        )
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        return (type(self), (self.found, self.expected))
 
 
 class GradError(DataFusionGradError):
@@ -141,5 +176,6 @@ __all__ = [
     "DataFusionGradError",
     "QueryError",
     "GradError",
+    "IncompatibleDataFusionError",
     *sorted(cls.__name__ for cls in _BY_KIND.values()),
 ]

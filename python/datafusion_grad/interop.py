@@ -16,6 +16,15 @@ returns a number). :func:`install` adds what makes it work:
 - the table function ``grad_query('<SQL>')``, which runs a whole query inside
   datafusion-grad over the session's tables, for sessions that keep a query
   planner of their own (install with ``planner=False``).
+
+The FFI structs differ between DataFusion major versions, so :func:`install`
+and :class:`GradExtension` first compare the caller's ``datafusion.__version__``
+with the version datafusion_grad is built against and raise
+:class:`~datafusion_grad.errors.IncompatibleDataFusionError` (naming both) on a
+mismatch, before anything crosses the FFI boundary. A session of another
+datafusion-python (e.g. 54, which xarray-sql 0.6 pins) exchanges data with
+ours through Arrow streams instead: see
+:meth:`datafusion_grad.SessionContext.register_arrow`.
 """
 
 from __future__ import annotations
@@ -23,6 +32,34 @@ from __future__ import annotations
 from typing import Any
 
 from . import _internal
+from .errors import IncompatibleDataFusionError
+
+
+def _datafusion_version() -> str:
+    """The version of the importable ``datafusion`` package."""
+    import datafusion
+
+    version = getattr(datafusion, "__version__", None)
+    if not isinstance(version, str):
+        from importlib import metadata
+
+        try:
+            version = metadata.version("datafusion")
+        except metadata.PackageNotFoundError:
+            version = "(unknown version)"
+    return version
+
+
+def check_datafusion_version() -> None:
+    """Raises :class:`~datafusion_grad.errors.IncompatibleDataFusionError`
+    unless the ``datafusion`` package (datafusion-python) has the major
+    version whose FFI datafusion_grad is built against (the one in
+    ``datafusion_grad.DATAFUSION_VERSION``). :func:`install` and
+    :class:`GradExtension` call it before they hand over any FFI capsule."""
+    found = _datafusion_version()
+    major = found.split(".")[0]
+    if not (major.isdigit() and int(major) == _internal.FFI_VERSION):
+        raise IncompatibleDataFusionError(found, _internal.DATAFUSION_VERSION)
 
 class GradExtension:
     """The extension bundle for ``datafusion.SessionContext.with_extensions``:
@@ -33,6 +70,7 @@ class GradExtension:
     (list it last: it does not delegate to the planners before it)."""
 
     def __datafusion_session_components__(self, ctx: Any) -> Any:
+        check_datafusion_version()
         from datafusion import SessionExtensionComponents
 
         codec = _internal.ByReferenceCodec(ctx)
@@ -41,6 +79,7 @@ class GradExtension:
         )
 
     def __datafusion_session_planner__(self, ctx: Any, fallback: Any) -> Any:
+        check_datafusion_version()
         return _internal.GradPlanner()
 
 
@@ -56,6 +95,14 @@ def install(ctx: Any, planner: bool = True) -> Any:
     Without the planner, grad works only inside ``grad_query('<SQL>')``; a
     grad elsewhere fails with ``marker_reached_execution``.
 
+    ``ctx`` must come from datafusion-python of the major version we are built
+    against (``datafusion_grad.DATAFUSION_VERSION``); another one (e.g. 54,
+    pinned by xarray-sql 0.6) raises
+    :class:`~datafusion_grad.errors.IncompatibleDataFusionError` before
+    anything crosses the FFI boundary. Move its tables into a
+    :class:`datafusion_grad.SessionContext` through Arrow streams instead
+    (:meth:`~datafusion_grad.SessionContext.register_arrow`).
+
     >>> import datafusion, datafusion_grad
     >>> ctx = datafusion_grad.install(datafusion.SessionContext())
     >>> ctx.from_pydict({"x": [1.0, 2.0]}, name="t")  # doctest: +ELLIPSIS
@@ -68,6 +115,9 @@ def install(ctx: Any, planner: bool = True) -> Any:
     >>> ctx.sql(f"SELECT * FROM grad_query('{sql}')").to_pydict()
     {'x': [1.414213562373095]}
     """
+    # Before anything else: with another major version, handing over an FFI
+    # capsule (register_udf, with_extensions) would crash the process.
+    check_datafusion_version()
     import datafusion
 
     if not isinstance(ctx, datafusion.SessionContext):

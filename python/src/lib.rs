@@ -42,5 +42,11 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<interop::PyGradPlanner>()?;
     m.add_class::<interop::PyByReferenceCodec>()?;
     m.add_function(wrap_pyfunction!(differentiate_sql, m)?)?;
+    // What the package is built against: `datafusion_grad.install` compares
+    // the caller's datafusion-python major version with the FFI version
+    // before it hands over any FFI capsule (the FFI structs change between
+    // majors, and a mismatch crashes the process).
+    m.add("DATAFUSION_VERSION", datafusion::DATAFUSION_VERSION)?;
+    m.add("FFI_VERSION", datafusion_ffi::version())?;
     Ok(())
 }
