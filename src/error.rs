@@ -137,6 +137,27 @@ impl From<GradError> for DataFusionError {
 }
 
 /// Shorthand: a `Result` that fails with a [`GradError`] of `kind`.
+/// A hint for an error that DataFusion itself raises where users of `grad`
+/// meet it, naming the fix; `None` for other errors. `dfgrad` prints it
+/// after the message.
+pub fn hint(err: &DataFusionError) -> Option<&'static str> {
+    let text = err.to_string();
+    if text.contains("RecursionLimitExceeded") {
+        Some(
+            "the SQL nests more calls than datafusion.sql_parser.recursion_limit allows (50 by \
+             default): raise it, e.g. SET datafusion.sql_parser.recursion_limit = 500",
+        )
+    } else if text.contains("must appear in the GROUP BY clause") {
+        Some(
+            "a column read outside an aggregate must be a GROUP BY key, the variable x of \
+             grad(aggregate, x) too: a group's aggregate is differentiated with respect to its \
+             key (with respect to every row's x it is relational reverse mode, not supported yet)",
+        )
+    } else {
+        None
+    }
+}
+
 pub(crate) fn fail<T>(kind: ErrorKind, message: impl Into<String>) -> datafusion::error::Result<T> {
     Err(GradError::new(kind, message).into())
 }

@@ -388,6 +388,45 @@ fn grad_errors_are_one_line_starting_with_their_kind() {
     }
 }
 
+/// Issue 21 (13): DataFusion's own errors that users of grad meet carry a
+/// hint naming the fix: the parser's recursion limit names its setting (and
+/// the setting works), a non-key variable of an aggregate says so.
+#[test]
+fn datafusion_errors_carry_a_hint() {
+    let deep = format!(
+        "SELECT grad({}x{}, x) AS d FROM (VALUES (0.5)) t(x)",
+        "sin(".repeat(60),
+        ")".repeat(60)
+    );
+    let (_, err) = dfgrad_err(&["-c", &deep]);
+    assert_one_error_line(&err);
+    assert!(err.contains("RecursionLimitExceeded"), "{err}");
+    assert!(
+        err.contains("SET datafusion.sql_parser.recursion_limit = 500"),
+        "{err}"
+    );
+    let out = dfgrad_ok(&[
+        "-q",
+        "--format",
+        "csv",
+        "-c",
+        "SET datafusion.sql_parser.recursion_limit = 500",
+        "-c",
+        &deep,
+    ]);
+    assert!(out.starts_with("d\n0.0635971145637"), "{out}");
+
+    let (_, err) = dfgrad_err(&[
+        "-c",
+        "SELECT g, grad(sum(x * x), x) FROM (VALUES (1, 2.0)) t(g, x) GROUP BY g",
+    ]);
+    assert_one_error_line(&err);
+    assert!(
+        err.contains("hint: a column read outside an aggregate must be a GROUP BY key"),
+        "{err}"
+    );
+}
+
 #[test]
 fn ballista_errors_are_clear() {
     let (_, err) = dfgrad_err(&["--ballista", "df://127.0.0.1:1", "-c", "SELECT 1"]);

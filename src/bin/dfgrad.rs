@@ -106,6 +106,7 @@ use arrow::json::writer::{make_encoder, Encoder, EncoderFactory, EncoderOptions,
 use arrow::util::pretty::pretty_format_batches;
 use clap::{Parser, ValueEnum};
 use datafusion::datasource::file_format::options::ArrowReadOptions;
+use datafusion::error::DataFusionError;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
 use datafusion_grad::export::{rewrite_sql, SqlDialect};
 use datafusion_grad::GradError;
@@ -277,7 +278,8 @@ fn print_error(err: &(dyn std::error::Error + 'static)) {
 /// The message of `err` on one line. A [`GradError`] anywhere in its chain of
 /// sources is the message, `[kind] …`, without the wrappers that DataFusion's
 /// analyzer and optimizer put around it (`datafusion_grad` / `caused by` /
-/// `External error:`); other messages have their line breaks joined.
+/// `External error:`); other messages have their line breaks joined, with
+/// a hint (`datafusion_grad::error::hint`) where DataFusion's message lacks the fix.
 fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
     let mut source = Some(err);
     while let Some(e) = source {
@@ -286,7 +288,14 @@ fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
         }
         source = e.source();
     }
-    one_line(&err.to_string())
+    let line = one_line(&err.to_string());
+    match err
+        .downcast_ref::<DataFusionError>()
+        .and_then(datafusion_grad::error::hint)
+    {
+        Some(hint) => format!("{line} (hint: {hint})"),
+        None => line,
+    }
 }
 
 /// `message` with DataFusion's `\ncaused by\n` written as `: ` and other

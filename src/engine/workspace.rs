@@ -157,6 +157,7 @@ impl<'a> Workspace<'a> {
     pub fn derivative(&mut self, f: &Expr, wrt: &[Column], seed: Seed) -> Result<Vec<NodeId>> {
         // Taken first: nested markers in `f` are differentiated below.
         let hints = std::mem::take(&mut self.nulls_like);
+        self.refuse_integer_only_functions(f, wrt)?;
         let promoted = promote_variables(f, wrt, &self.columns, self.schema)?;
         let root = self.intern(&promoted)?;
         // Typed node by node: DataFusion's own `get_type` on a deep `f` is
@@ -578,6 +579,46 @@ impl<'a> Workspace<'a> {
                 format!("a value of type {t} cannot take part in a derivative"),
             ),
         }
+    }
+}
+
+impl Workspace<'_> {
+    /// Refuses `f` when a function without a derivative rule reads a variable
+    /// of an integer type: such a variable is promoted to Float64 below, and
+    /// the function (e.g. `factorial`, `gcd`, defined on integers only) would
+    /// otherwise fail as a type error instead of as not differentiable.
+    fn refuse_integer_only_functions(&self, f: &Expr, wrt: &[Column]) -> Result<()> {
+        let mut integer = Vec::new();
+        for c in wrt {
+            let t = self.columns.field(c)?.data_type();
+            if Shape::of(t).is_some_and(|s| s.data_type() != *t) {
+                integer.push(c);
+            }
+        }
+        if integer.is_empty() {
+            return Ok(());
+        }
+        f.apply(|e| {
+            let Expr::ScalarFunction(call) = e else {
+                return Ok(TreeNodeRecursion::Continue);
+            };
+            if as_marker(e).is_some() {
+                return Ok(TreeNodeRecursion::Jump);
+            }
+            let func = &call.func;
+            let ruled = std::iter::once(func.name())
+                .chain(func.aliases().iter().map(String::as_str))
+                .any(|name| self.rules.get(name).is_some());
+            if !ruled && e.column_refs().iter().any(|c| integer.contains(c)) {
+                return Err(GradError::non_differentiable(
+                    func.name(),
+                    "no derivative rule is registered for it",
+                )
+                .into());
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(())
     }
 }
 
