@@ -45,13 +45,18 @@ pub struct Shared {
 /// Smallest tree size (nodes) of a shared node worth binding to a column.
 const MIN_BOUND_SIZE: u64 = 3;
 
-/// Most binding projections stacked below one plan node. DataFusion 55's
-/// physical planning slows down sharply, and its memory grows, with stacked
-/// projections (64 random expressions with second derivatives: 4.8 s with at
-/// most 2 layers, 176 s with up to 64; one expression reached 16 GB with
-/// more layers), so deep chains are cut into at most this many layers and
-/// the rest is repeated (within [`MAX_TREE_NODES`]).
-const MAX_LAYERS: usize = 2;
+/// Most binding projections stacked below one plan node; deeper chains are
+/// cut into at most this many layers and the rest is repeated (within
+/// [`MAX_TREE_NODES`]). DataFusion 55 computes an expression's name at every
+/// level while typing it, so its planning time grows with depth times size:
+/// the fewer the layers, the deeper and larger the repeated trees. Measured
+/// (issue 21, dev profile, 2 cores): `grad` of a 300-deep `sin(sin(…x))` took
+/// 38 s with at most 2 layers, 3.8 s with 8, 2.9 s with 16, 2.2 s with 64
+/// (the plain expression: 2.4 s); a product of 300 factors was refused as too
+/// large with 2 layers and takes 1.1 s with 16. The 1,000 random expressions
+/// of `tests/properties.rs` with second derivatives stayed within noise
+/// (51-68 s), their peak memory rose from 0.8 to 2.1 GB beyond 2 layers.
+const MAX_LAYERS: usize = 16;
 
 /// Height from which an expression is cut, its top bound to a column even if
 /// it is used once: DataFusion's planning cost grows faster than linearly
