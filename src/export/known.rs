@@ -69,6 +69,13 @@ const WINDOW: &[&str] = &[
     "nth_value",
 ];
 
+/// The aggregates DuckDB and PostgreSQL both have with DataFusion's meaning.
+#[rustfmt::skip]
+const STATISTICAL_AGGREGATES: &[&str] = &[
+    "avg", "bool_and", "bool_or", "corr", "count", "covar_pop", "covar_samp", "max", "min",
+    "stddev_pop", "stddev_samp", "string_agg", "sum", "var_pop", "var_samp",
+];
+
 #[rustfmt::skip]
 const DUCKDB: Functions = Functions {
     scalar: &[
@@ -88,10 +95,7 @@ const DUCKDB: Functions = Functions {
         // structs, printed as struct literals and field access
         "named_struct", "get_field",
     ],
-    aggregate: &[
-        "avg", "bool_and", "bool_or", "corr", "count", "covar_pop", "covar_samp", "max", "min",
-        "stddev_pop", "stddev_samp", "string_agg", "sum", "var_pop", "var_samp",
-    ],
+    aggregate: STATISTICAL_AGGREGATES,
     window: WINDOW,
 };
 
@@ -112,10 +116,7 @@ const POSTGRES: Functions = Functions {
         // dates (`date_part`, `date_trunc` with the fields both agree on)
         "date_part", "date_trunc", "make_date",
     ],
-    aggregate: &[
-        "avg", "bool_and", "bool_or", "corr", "count", "covar_pop", "covar_samp", "max", "min",
-        "stddev_pop", "stddev_samp", "string_agg", "sum", "var_pop", "var_samp",
-    ],
+    aggregate: STATISTICAL_AGGREGATES,
     window: WINDOW,
 };
 
