@@ -28,19 +28,32 @@ pub fn runtime() -> &'static Runtime {
 /// Every [`SIGNAL_POLL`] the waiting thread takes the GIL back to run
 /// Python's signal handlers: a `KeyboardInterrupt` (or any exception a
 /// handler raises) drops the future — which cancels the query — and is
-/// raised to the caller.
+/// raised to the caller. The ticks come from a thread of their own, not
+/// from a tokio timer: a timer fires only when a worker thread of the
+/// runtime drives the timer wheel, and while every worker is busy in a long
+/// computation none does, so Ctrl-C would wait for the query to end.
 pub fn wait<F, T>(py: Python<'_>, future: F) -> PyResult<T>
 where
     F: Future<Output = T> + Send,
     T: Send,
 {
     py.allow_threads(|| {
+        let (tick, mut ticks) = tokio::sync::mpsc::channel::<()>(1);
+        // Ends at its first tick after the wait is over (the receiver gone).
+        std::thread::Builder::new()
+            .name("datafusion-grad-signals".to_string())
+            .spawn(move || {
+                while tick.blocking_send(()).is_ok() {
+                    std::thread::sleep(SIGNAL_POLL);
+                }
+            })
+            .expect("spawning the signal-poll thread");
         runtime().block_on(async {
             tokio::pin!(future);
             loop {
                 tokio::select! {
                     out = &mut future => return Ok(out),
-                    _ = tokio::time::sleep(SIGNAL_POLL) => {
+                    _ = ticks.recv() => {
                         Python::with_gil(|py| py.check_signals())?;
                     }
                 }
