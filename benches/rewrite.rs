@@ -1,10 +1,7 @@
 //! Rewrite latency and derivative size of the differentiation engine.
 //!
-//! Families (each at several sizes):
-//! - `product`: `x1 · x2 · … · xn`, all n partials in one reverse sweep;
-//! - `nested`: a composition of depth n, `sin(cos(tanh(… x)))`, one partial;
-//! - `mlp`: a dense 2-layer network `Σⱼ vⱼ·tanh(Σᵢ wᵢⱼ·xᵢ + bⱼ)` written as
-//!   scalar SQL, the partials for every weight.
+//! The families of `benches/families` (`product`, `nested`, `mlp`), each at
+//! several sizes.
 //!
 //! Timed per case: `dag`, differentiation into the hash-consed DAG (the
 //! engine's rewrite: `f` interned, typed, swept; every partial built), and `shared`, that plus emitting it as the analyzer
@@ -15,99 +12,22 @@
 //! projections and derivative expressions together) over the forward nodes.
 //! Run with `cargo bench --bench rewrite`.
 
+mod families;
+
 use std::hint::black_box;
-use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion};
-use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema};
-use datafusion::logical_expr::{col, lit, Expr};
-use datafusion::prelude::{cos, sin, tanh};
+use datafusion::logical_expr::Expr;
 use datafusion_grad::engine::{differentiate_shared, Derivative, Seed, Shared, Workspace};
 use datafusion_grad::Rules;
-
-/// A differentiation problem: `f`, its variables, and the schema they live in.
-struct Case {
-    f: Expr,
-    wrt: Vec<Column>,
-    schema: DFSchema,
-}
-
-fn schema(names: &[String]) -> DFSchema {
-    let fields: Vec<Field> = names
-        .iter()
-        .map(|n| Field::new(n, DataType::Float64, false))
-        .collect();
-    DFSchema::try_from(Arc::new(Schema::new(fields))).expect("valid schema")
-}
-
-fn product(n: usize) -> Case {
-    let names: Vec<String> = (0..n).map(|i| format!("x{i}")).collect();
-    let f = names.iter().map(col).reduce(|a, b| a * b).expect("n > 0");
-    Case {
-        f,
-        wrt: names.iter().map(Column::from_name).collect(),
-        schema: schema(&names),
-    }
-}
-
-fn nested(depth: usize) -> Case {
-    let mut f = col("x");
-    for i in 0..depth {
-        f = match i % 3 {
-            0 => sin(f),
-            1 => cos(f),
-            _ => tanh(f * lit(0.5)),
-        };
-    }
-    Case {
-        f,
-        wrt: vec![Column::from_name("x")],
-        schema: schema(&["x".to_string()]),
-    }
-}
-
-fn mlp(inputs: usize, hidden: usize) -> Case {
-    let mut names: Vec<String> = (0..inputs).map(|i| format!("x{i}")).collect();
-    let mut weights = Vec::new();
-    let mut out = Vec::new();
-    for j in 0..hidden {
-        let mut pre = col(format!("b{j}"));
-        weights.push(format!("b{j}"));
-        for i in 0..inputs {
-            let w = format!("w{i}_{j}");
-            pre = pre + col(&w) * col(format!("x{i}"));
-            weights.push(w);
-        }
-        let v = format!("v{j}");
-        out.push(col(&v) * tanh(pre));
-        weights.push(v);
-    }
-    let f = out.into_iter().reduce(|a, b| a + b).expect("hidden > 0");
-    names.extend(weights.iter().cloned());
-    Case {
-        f,
-        wrt: weights.iter().map(Column::from_name).collect(),
-        schema: schema(&names),
-    }
-}
+use families::{dag_sizes, mlp, nested, product, Case};
 
 /// The derivative as a DAG (what is timed): `f` interned and differentiated.
 fn dag(case: &Case, rules: &Rules) -> Vec<usize> {
     let mut ws = Workspace::new(&case.schema, rules);
     ws.derivative(&case.f, &case.wrt, Seed::Grad)
         .expect("differentiable")
-}
-
-/// The sizes of the derivative DAG: (forward nodes, derivative nodes).
-fn dag_sizes(case: &Case, rules: &Rules) -> (usize, usize) {
-    let mut ws = Workspace::new(&case.schema, rules);
-    let forward = ws.intern(&case.f).expect("internable");
-    let roots = ws
-        .derivative(&case.f, &case.wrt, Seed::Grad)
-        .expect("differentiable");
-    (ws.graph().size(&[forward]), ws.graph().size(&roots))
 }
 
 /// The derivative as the analyzer emits it, with shared parts bound.

@@ -21,31 +21,44 @@
 //! # }
 //! ```
 //!
-//! Architecture: [`rules`] is the table of derivative rules (one entry per
-//! primitive), [`engine`] differentiates an expression over a hash-consed DAG
-//! with those rules, [`marker`] holds the SQL functions whose `simplify` calls
-//! the engine, and [`analyzer`] (with [`lineage`]) handles what needs plan
-//! context. Errors are typed ([`GradError`]).
+//! # Architecture
+//!
+//! Layers run one way, each using only those above it in this list:
+//!
+//! | layer | modules | what it is |
+//! |---|---|---|
+//! | foundation | [`error`], `reserved`, [`options`] | typed errors, the reserved `__dfgrad…` names, settings |
+//! | primitives | [`tensor`], [`rules`] | tensor kernels and functions; the derivative rule of each primitive (a table, like JAX's jvp registry) |
+//! | engine | [`engine`] | differentiates one expression over a hash-consed DAG, reverse or forward mode, shared parts bound once |
+//! | plan | [`plan`] | the analyzer rule and the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, broadcast) |
+//! | frontends | [`marker`], [`export`], `substrait` (feature) | the SQL functions, SQL text export, Substrait |
+//! | installation | this crate root: [`register`], [`session_context`] | everything installed into a `SessionContext` |
+//! | on top | `ballista` (feature), `dfgrad` (binary), the Python package | distributed execution, the CLI, Python |
+//!
+//! Errors are typed ([`GradError`], [`ErrorKind`]).
 
-pub mod aggregates;
-pub mod analyzer;
+// foundation
+pub mod error;
+pub mod options;
+mod reserved;
+
+// primitives
+pub mod rules;
+pub mod tensor;
+
+// engine
+pub mod engine;
+
+// plan-level rewrites
+pub mod plan;
+
+// frontends
 #[cfg(feature = "ballista")]
 pub mod ballista;
-mod bindings;
-pub mod broadcast;
-pub mod dml;
-pub mod engine;
-pub mod error;
 pub mod export;
-pub mod lineage;
 pub mod marker;
-pub mod options;
-mod outer;
-pub mod rules;
-mod subqueries;
 #[cfg(feature = "substrait")]
 pub mod substrait;
-pub mod tensor;
 
 use std::sync::{Arc, RwLock};
 
@@ -57,16 +70,18 @@ use datafusion::logical_expr::ScalarUDF;
 use datafusion::optimizer::OptimizerRule;
 use datafusion::prelude::SessionContext;
 
-pub use bindings::inline_common_subexpressions;
 pub use error::{ErrorKind, GradError};
+pub use plan::bindings::inline_common_subexpressions;
 pub use rules::{Call, DerivativeRule, Partial, Rules};
 
-use analyzer::GradAnalyzer;
-use marker::{Marker, MarkerKind, SharedRules};
+use engine::call::{Marker, MarkerKind, SharedRules};
+pub use plan::analyzer::{GradAnalyzer, GradBeforeOptimizing};
+pub use plan::broadcast::BroadcastAggregate;
+pub use plan::dml::InlineUpdates;
 
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
-/// ([`tensor`]), the analyzer rule and the planner rules ([`dml`],
-/// [`broadcast`]) into `ctx`, with the built-in derivative rules.
+/// ([`tensor`]), the analyzer rule and the planner rules ([`plan::dml`],
+/// [`plan::broadcast`]) into `ctx`, with the built-in derivative rules.
 pub fn register(ctx: &SessionContext) {
     register_with_rules(ctx, Rules::builtin());
 }
@@ -74,7 +89,7 @@ pub fn register(ctx: &SessionContext) {
 /// Installs everything into `ctx` with a custom rule table.
 pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     let rules: SharedRules = Arc::new(RwLock::new(rules));
-    for kind in [MarkerKind::Grad, MarkerKind::Jvp, MarkerKind::Vjp] {
+    for kind in MarkerKind::ALL {
         ctx.register_udf(ScalarUDF::new_from_impl(Marker::new(
             kind,
             Arc::clone(&rules),
@@ -86,15 +101,15 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     tensor::register(ctx);
     options::register(ctx);
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
-    ctx.add_optimizer_rule(Arc::new(dml::InlineUpdates));
+    ctx.add_optimizer_rule(Arc::new(InlineUpdates));
     let state = ctx.state_ref();
     let mut state = state.write();
     let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
-        vec![Arc::new(analyzer::GradBeforeOptimizing)];
+        vec![Arc::new(GradBeforeOptimizing)];
     optimizer_rules.extend(state.optimizer().rules.iter().cloned());
     *state = SessionStateBuilder::new_from_existing(state.clone())
         .with_optimizer_rules(optimizer_rules)
-        .with_physical_optimizer_rule(Arc::new(broadcast::BroadcastAggregate))
+        .with_physical_optimizer_rule(Arc::new(BroadcastAggregate))
         .build();
 }
 

@@ -8,8 +8,9 @@ use datafusion::arrow::array::{Array, Float64Array};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::prelude::SessionContext;
 
+use crate::common::numbers::{central, close, H};
+
 /// Finite-difference step.
-const H: f64 = 1e-4;
 
 /// Aggregates of the row-wise argument `{e}`, grouped by `g` (and `w`).
 const AGGREGATES: &[&str] = &[
@@ -53,17 +54,6 @@ const ARGUMENTS: &[&str] = &[
 
 /// Evaluation points.
 const POINTS: &[f64] = &[-0.7, 0.45, 1.3];
-
-fn close(a: f64, b: f64, tol: f64) -> bool {
-    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
-}
-
-/// Central difference, trusted only when steps h and 2h agree (no kink).
-fn central(plus: f64, minus: f64, plus2: f64, minus2: f64) -> Option<f64> {
-    let d1 = (plus - minus) / (2.0 * H);
-    let d2 = (plus2 - minus2) / (4.0 * H);
-    (d1.is_finite() && d2.is_finite() && close(d1, d2, 1e-5) && d1.abs() < 1e6).then_some(d1)
-}
 
 fn column(batches: &[RecordBatch], name: &str) -> Vec<Option<f64>> {
     let mut out = Vec::new();
@@ -141,7 +131,7 @@ async fn check(
                         );
                         continue;
                     };
-                    let Some(fd) = central(p, m, p2, m2) else {
+                    let Some(fd) = central(p, m, p2, m2, 1e-5) else {
                         continue;
                     };
                     compared += 1;
@@ -298,7 +288,7 @@ async fn subqueries_match_finite_differences() {
             };
             let (p, m) = (at(v + H).await, at(v - H).await);
             let (p2, m2) = (at(v + 2.0 * H).await, at(v - 2.0 * H).await);
-            let Some(fd) = central(p, m, p2, m2) else {
+            let Some(fd) = central(p, m, p2, m2, 1e-5) else {
                 continue;
             };
             compared += 1;

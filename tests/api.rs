@@ -11,8 +11,8 @@ use datafusion::logical_expr::{
     ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 use datafusion::prelude::*;
+use datafusion_grad::engine::call::{Marker, MarkerKind};
 use datafusion_grad::engine::{differentiate, Seed};
-use datafusion_grad::marker::{Marker, MarkerKind};
 use datafusion_grad::{Call, ErrorKind, GradError, Partial};
 
 async fn context() -> SessionContext {

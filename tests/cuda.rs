@@ -76,8 +76,13 @@ fn assert_close(what: &str, a: &[f64], b: &[f64]) {
     );
 }
 
+/// Whether no CUDA device can be used: the test is then skipped, or fails
+/// where `DFGRAD_REQUIRE_GPU=1` says a GPU must be there.
 fn no_device() -> bool {
     match cuda::unavailable_reason() {
+        Some(reason) if std::env::var("DFGRAD_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+            panic!("DFGRAD_REQUIRE_GPU=1 but no CUDA device can be used: {reason}")
+        }
         Some(reason) => {
             println!("skipped: no CUDA device ({reason})");
             true

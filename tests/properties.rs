@@ -15,7 +15,7 @@ use datafusion::prelude::SessionContext;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-const H: f64 = 1e-4;
+use crate::common::numbers::{central, close, H};
 
 /// An expression template: `{x}` and `{y}` stand for the variables.
 fn render(template: &str, x: &str, y: &str) -> String {
@@ -61,19 +61,6 @@ async fn columns(
     Ok(out)
 }
 
-fn close(a: f64, b: f64, tol: f64) -> bool {
-    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
-}
-
-/// Central difference of the values at +h and -h, trusted only when the
-/// estimates with step h and 2h agree to 1e-6 (which excludes kinks, where
-/// they differ by O(h)).
-fn central(plus: f64, minus: f64, plus2: f64, minus2: f64) -> Option<f64> {
-    let d1 = (plus - minus) / (2.0 * H);
-    let d2 = (plus2 - minus2) / (4.0 * H);
-    (d1.is_finite() && d2.is_finite() && close(d1, d2, 1e-6) && d1.abs() < 1e6).then_some(d1)
-}
-
 /// Whether `e` is the typed `derivative_too_large` refusal.
 fn is_too_large(e: &datafusion::error::DataFusionError) -> bool {
     datafusion_grad::GradError::find(e)
@@ -116,8 +103,8 @@ fn check(f: &str, c: &[Vec<f64>]) -> usize {
     for r in 0..c[0].len() {
         let v = |i: usize| c[i][r];
         let (Some(dx), Some(dy)) = (
-            central(v(0), v(1), v(2), v(3)),
-            central(v(4), v(5), v(6), v(7)),
+            central(v(0), v(1), v(2), v(3), 1e-6),
+            central(v(4), v(5), v(6), v(7), 1e-6),
         ) else {
             continue;
         };
@@ -149,7 +136,7 @@ fn check(f: &str, c: &[Vec<f64>]) -> usize {
             v(12),
             2.0 * dx
         );
-        if let Some(dxx) = central(v(14), v(15), v(16), v(17)) {
+        if let Some(dxx) = central(v(14), v(15), v(16), v(17), 1e-6) {
             assert!(
                 close(v(13), dxx, 1e-4),
                 "grad(grad({f}, x), x) at row {r}: {} vs fd {dxx}",

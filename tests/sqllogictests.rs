@@ -155,6 +155,8 @@ async fn main() {
         }
         if gpu_available() {
             runner.add_label("gpu");
+        } else if std::env::var("DFGRAD_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+            panic!("DFGRAD_REQUIRE_GPU=1 but no CUDA device can be used");
         }
         match runner.run_file_async(file).await {
             Ok(()) => {

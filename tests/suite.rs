@@ -17,14 +17,21 @@ mod ballista;
 mod broadcast;
 #[path = "cli.rs"]
 mod cli;
-/// Helpers shared by the test modules (running the `dfgrad` binary).
+/// Helpers shared by the test modules (running `dfgrad`, comparing numbers).
 mod common;
 #[path = "cuda.rs"]
 mod cuda;
 #[path = "export.rs"]
 mod export;
+/// The expression families of the rewrite benchmark.
+#[path = "../benches/families/mod.rs"]
+mod families;
+#[path = "layers.rs"]
+mod layers;
 #[path = "properties.rs"]
 mod properties;
+#[path = "sizes.rs"]
+mod sizes;
 #[path = "substrait.rs"]
 mod substrait;
 #[path = "tensor_properties.rs"]

@@ -13,6 +13,8 @@ use datafusion::prelude::SessionContext;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use crate::common::numbers::close;
+
 /// An argument: its shape and the range its elements are drawn from; a
 /// `Label` is a constant class-index argument (not differentiated).
 #[derive(Clone, Copy, Debug)]
@@ -190,10 +192,6 @@ async fn rows(ctx: &SessionContext, sql: &str) -> Vec<Vec<Vec<f64>>> {
         }
     }
     out
-}
-
-fn close(a: f64, b: f64, tol: f64) -> bool {
-    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
 }
 
 #[tokio::test]

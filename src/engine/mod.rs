@@ -18,6 +18,7 @@
 //! - A path through an unselected branch (`CASE`, `coalesce`, `greatest`, …)
 //!   contributes nothing, even where that branch is NaN or NULL.
 
+pub mod call;
 mod columns;
 pub mod graph;
 mod nulls;
@@ -27,7 +28,6 @@ mod sweep;
 mod template;
 pub mod workspace;
 
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema};
 use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
@@ -149,30 +149,4 @@ fn truncated(f: &Expr) -> String {
         Some((i, _)) => format!("{}…", &s[..i]),
         None => s,
     }
-}
-
-/// The column that stands for item `k` of a list while an expression is
-/// rewritten (`{prefix}{k}`, unqualified).
-pub(crate) fn placeholder(prefix: &str, k: usize) -> Expr {
-    Expr::Column(Column::new_unqualified(format!("{prefix}{k}")))
-}
-
-/// `k` when `c` is the placeholder `{prefix}{k}` made by [`placeholder`].
-pub(crate) fn placeholder_index(c: &Column, prefix: &str) -> Option<usize> {
-    match c.relation {
-        None => c.name.strip_prefix(prefix)?.parse().ok(),
-        Some(_) => None,
-    }
-}
-
-/// `e` with each placeholder `{prefix}{k}` replaced by `values[k]`.
-pub(crate) fn fill_placeholders(e: Expr, prefix: &str, values: &[Expr]) -> Result<Expr> {
-    Ok(e.transform_up(|e| match &e {
-        Expr::Column(c) => match placeholder_index(c, prefix).and_then(|k| values.get(k)) {
-            Some(v) => Ok(Transformed::yes(v.clone())),
-            None => Ok(Transformed::no(e)),
-        },
-        _ => Ok(Transformed::no(e)),
-    })?
-    .data)
 }

@@ -12,7 +12,8 @@ use datafusion::logical_expr::Expr;
 
 use super::graph::{Graph, NodeId};
 use crate::error::{fail, ErrorKind};
-use crate::rules::{Call, Partial, ARG_PREFIX};
+use crate::reserved::Placeholder;
+use crate::rules::{Call, Partial};
 use crate::tensor::Shape;
 
 /// One partial derivative over placeholder arguments `0..arity`.
@@ -96,15 +97,13 @@ impl Template {
             graph.add(Call::placeholder(i), &[]);
         }
         let root = graph.intern(&expr, true, &mut |e| match e {
-            Expr::Column(c) if c.relation.is_none() && c.name.starts_with(ARG_PREFIX) => {
-                match c.name[ARG_PREFIX.len()..].parse::<usize>() {
-                    Ok(i) if i < arity => Ok(Some(i)),
-                    _ => fail(
-                        ErrorKind::NonDifferentiable,
-                        format!("the rule for `{key}` refers to a missing argument `{c}`"),
-                    ),
-                }
-            }
+            Expr::Column(c) if Placeholder::Arg.claims(c) => match Placeholder::Arg.index(c) {
+                Some(i) if i < arity => Ok(Some(i)),
+                _ => fail(
+                    ErrorKind::NonDifferentiable,
+                    format!("the rule for `{key}` refers to a missing argument `{c}`"),
+                ),
+            },
             _ => Ok(None),
         })?;
         Ok(Self { graph, arity, root })

@@ -17,20 +17,18 @@ use datafusion::logical_expr::simplify::SimplifyContext;
 use datafusion::logical_expr::{Case, Cast, Expr, ExprSchemable, Operator};
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 
+use super::call::{as_marker, into_marker, MarkerKind};
 use super::columns::Columns;
 use super::graph::{self, Graph, NodeId, NodeMap, ShellId};
 use super::nulls::Nulls;
 use super::primitive;
 use super::sweep::Sweep;
 use super::template::{self, Partials};
-use super::{placeholder, placeholder_index, Seed};
+use super::Seed;
 use crate::error::{fail, ErrorKind, GradError};
-use crate::marker::{as_marker, MarkerKind};
+use crate::reserved::Placeholder;
 use crate::rules::Rules;
 use crate::tensor::Shape;
-
-/// Prefix of the placeholder columns that stand for nested markers' derivatives.
-const NODE_PREFIX: &str = "__dfgrad_node";
 
 /// A rule's partials compiled for one shell, with what else they depend on:
 /// the literal arguments' values (as bits) and the argument and output shapes.
@@ -80,25 +78,25 @@ impl<'a> Workspace<'a> {
     pub fn intern(&mut self, e: &Expr) -> Result<NodeId> {
         let mut inner: Vec<NodeId> = Vec::new();
         let rewritten = match e.exists(|e| Ok(as_marker(e).is_some()))? {
-            true => Some(self.differentiate_markers(e.clone(), NODE_PREFIX, &mut inner)?),
+            true => Some(self.differentiate_markers(e.clone(), Placeholder::Node, &mut inner)?),
             false => None,
         };
         self.g
             .intern(rewritten.as_ref().unwrap_or(e), false, &mut |e| match e {
-                Expr::Column(c) => {
-                    Ok(placeholder_index(c, NODE_PREFIX).and_then(|i| inner.get(i).copied()))
-                }
+                Expr::Column(c) => Ok(Placeholder::Node
+                    .index(c)
+                    .and_then(|i| inner.get(i).copied())),
                 _ => Ok(None),
             })
     }
 
     /// `e` with each outermost marker call differentiated into this workspace:
     /// its node is pushed to `nodes`, and the call replaced by the placeholder
-    /// column `{prefix}{k}` of its index `k` there.
+    /// column `k` of the `placeholder` family, `k` its index there.
     pub(crate) fn differentiate_markers(
         &mut self,
         e: Expr,
-        prefix: &str,
+        placeholder: Placeholder,
         nodes: &mut Vec<NodeId>,
     ) -> Result<Expr> {
         // A rewrite rebuilds every node; most expressions have no marker.
@@ -106,21 +104,17 @@ impl<'a> Workspace<'a> {
             return Ok(e);
         }
         Ok(e.transform_down(|e| {
-            let Some(marker) = as_marker(&e) else {
+            let Some(call) = as_marker(&e) else {
                 return Ok(Transformed::no(e));
             };
-            let (kind, hints) = (marker.kind(), marker.nulls_like().to_vec());
-            let Expr::ScalarFunction(call) = e else {
-                unreachable!("as_marker matched a scalar function")
-            };
-            for (seed, value) in hints {
+            for &(seed, value) in call.marker.nulls_like() {
                 if let (Some(s), Some(v)) = (call.args.get(seed), call.args.get(value)) {
                     self.nulls_like(s.clone(), v.clone());
                 }
             }
-            nodes.push(self.marker(kind, &call.args)?);
+            nodes.push(self.marker(call.kind(), call.args)?);
             Ok(Transformed::new(
-                placeholder(prefix, nodes.len() - 1),
+                placeholder.column(nodes.len() - 1),
                 true,
                 TreeNodeRecursion::Jump,
             ))
@@ -687,9 +681,9 @@ fn promote_variables<'f>(
                 let t = columns.field(c)?.data_type().clone();
                 Ok(Transformed::yes(promoted(e, &t)))
             }
-            _ => match as_marker(&e).map(|m| m.kind()) {
-                Some(kind) => Ok(Transformed::yes(unpromote_wrt(kind, e, &promote))),
-                None => Ok(Transformed::no(e)),
+            _ => match into_marker(e) {
+                Ok((kind, call)) => Ok(Transformed::yes(unpromote_wrt(kind, call, &promote))),
+                Err(e) => Ok(Transformed::no(e)),
             },
         })?
         .data;
@@ -698,10 +692,8 @@ fn promote_variables<'f>(
 }
 
 /// A nested marker call with the casts just added around its variables removed.
-fn unpromote_wrt(kind: MarkerKind, call: Expr, promoted: &HashSet<Column>) -> Expr {
-    let Expr::ScalarFunction(ScalarFunction { func, mut args }) = call else {
-        unreachable!("a marker is a scalar function")
-    };
+fn unpromote_wrt(kind: MarkerKind, call: ScalarFunction, promoted: &HashSet<Column>) -> Expr {
+    let ScalarFunction { func, mut args } = call;
     for p in kind.wrt_positions(args.len()).unwrap_or_default() {
         if let Expr::Cast(c) = &args[p] {
             if matches!(c.expr.as_ref(), Expr::Column(v) if promoted.contains(v)) {

@@ -26,13 +26,12 @@ mod tidy;
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::common::{DFSchema, TableReference};
 use datafusion::error::Result;
-use datafusion::execution::FunctionRegistry;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{LogicalPlan, ScalarUDF};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
 use datafusion::sql::sqlparser::ast::{visit_expressions, Expr as SqlExpr};
@@ -41,11 +40,11 @@ use datafusion::sql::sqlparser::parser::Parser;
 
 pub use dialect::SqlDialect;
 
+use crate::engine::call::{Marker, MarkerKind};
 use crate::error::{ErrorKind, GradError};
-use crate::marker::expand_markers;
+use crate::plan::expand::expand_markers;
+use crate::rules::Rules;
 use statement::Printer;
-
-const MARKERS: [&str; 3] = ["grad", "jvp", "vjp"];
 
 /// The derivative of the SQL expression `expr` with respect to the column
 /// `wrt`, as SQL text of `dialect`.
@@ -61,7 +60,9 @@ const MARKERS: [&str; 3] = ["grad", "jvp", "vjp"];
 /// assert_eq!(differentiate_sql("sin(x)", "x", SqlDialect::Postgres).unwrap(), "cos(x)");
 /// ```
 pub fn differentiate_sql(expr: &str, wrt: &str, dialect: SqlDialect) -> Result<String> {
-    let ctx = crate::session_context();
+    // DataFusion's functions and the tensor functions, to parse `expr` with.
+    let ctx = SessionContext::new();
+    crate::tensor::register(&ctx);
     let ast = parse_expr(expr)?;
     let wrt_ast = parse_expr(wrt)?;
     let mut columns = BTreeMap::new();
@@ -85,7 +86,9 @@ pub fn differentiate_sql(expr: &str, wrt: &str, dialect: SqlDialect) -> Result<S
     let schema = DFSchema::new_with_metadata(fields, Default::default())?;
     let f = ctx.parse_sql_expr(expr, &schema)?;
     let x = ctx.parse_sql_expr(wrt, &schema)?;
-    let call = ctx.udf("grad")?.call(vec![f, x]);
+    let rules = Arc::new(RwLock::new(Rules::builtin()));
+    let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, rules));
+    let call = grad.call(vec![f, x]);
     let derivative = expand_markers(call, &schema)?.data;
     let derivative = lower::lower(derivative, &schema, dialect)?;
     Printer::new(dialect).expr(&derivative)
@@ -176,14 +179,16 @@ fn calls_marker(statement: &DFStatement) -> bool {
         DFStatement::Explain(e) => calls_marker(&e.statement),
         other => {
             let text = other.to_string().to_ascii_lowercase();
-            MARKERS.iter().any(|m| text.contains(&format!("{m}(")))
+            MarkerKind::ALL
+                .iter()
+                .any(|k| text.contains(&format!("{}(", k.name())))
         }
     }
 }
 
 fn is_marker_name(name: &str) -> bool {
     let last = name.rsplit('.').next().unwrap_or(name);
-    MARKERS.contains(&last.trim_matches('"').to_ascii_lowercase().as_str())
+    MarkerKind::is_marker_name(last.trim_matches('"'))
 }
 
 fn parse_expr(text: &str) -> Result<SqlExpr> {

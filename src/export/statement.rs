@@ -28,8 +28,8 @@ use super::dialect::Target;
 use super::lower::lower;
 use super::tidy::tidy;
 use super::SqlDialect;
-use crate::bindings::printable;
 use crate::error::{ErrorKind, GradError};
+use crate::plan::bindings::printable;
 
 /// Prints plans as statements of one dialect.
 pub(crate) struct Printer {

@@ -43,10 +43,11 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use datafusion::common::{Column, ScalarValue};
+use datafusion::common::ScalarValue;
 use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
 
+use crate::reserved::Placeholder;
 use crate::tensor::Shape;
 
 /// One application of a primitive, as a rule sees it.
@@ -103,9 +104,6 @@ where
     }
 }
 
-/// Prefix of the placeholder columns that stand for a call's arguments.
-pub(crate) const ARG_PREFIX: &str = "__dfgrad_arg";
-
 impl Call {
     /// A call of `out` whose symbolic arguments are `args`, of `shapes`.
     pub(crate) fn new(args: Vec<Expr>, out: Expr, shapes: Vec<Shape>, out_shape: Shape) -> Self {
@@ -119,7 +117,7 @@ impl Call {
 
     /// The placeholder expression for argument `i`.
     pub(crate) fn placeholder(i: usize) -> Expr {
-        Expr::Column(Column::from_name(format!("{ARG_PREFIX}{i}")))
+        Placeholder::Arg.column(i)
     }
 
     /// Symbolic argument `i`.

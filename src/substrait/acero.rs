@@ -60,12 +60,12 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::common::{internal_err, Column, DFSchemaRef, ScalarValue};
+use datafusion::common::{internal_err, DFSchemaRef, ScalarValue};
 use datafusion::error::Result;
 use datafusion::execution::SessionState;
 use datafusion::functions::core::expr_fn::coalesce;
 use datafusion::logical_expr::expr::{
-    self, Alias, Exists, InList, InSubquery, Lambda, LambdaVariable, Placeholder, SetComparison,
+    self, Exists, InList, InSubquery, Lambda, LambdaVariable, Placeholder, SetComparison,
     WindowFunction,
 };
 use datafusion::logical_expr::{
@@ -91,6 +91,8 @@ use datafusion_substrait::substrait::proto::{
 use datafusion_substrait::substrait::version;
 
 use super::unexportable;
+use crate::plan::unalias;
+use crate::reserved;
 
 /// DataFusion scalar functions that Acero knows by the same name and
 /// computes the same way.
@@ -101,9 +103,6 @@ const SAME_NAME_FUNCTIONS: &[&str] = &[
 
 /// Aggregate functions that Acero computes the same way.
 const AGGREGATES: &[&str] = &["sum", "avg", "count", "min", "max"];
-
-/// Prefix of the columns computed below an aggregate for its arguments and keys.
-const PRE_PROJECTED: &str = "__dfgrad_acero_";
 
 /// The Substrait plan of the optimized `plan` in the Acero profile.
 pub(super) fn to_acero_plan(plan: &LogicalPlan, state: &SessionState) -> Result<Box<Plan>> {
@@ -172,19 +171,6 @@ impl AceroProducer<'_> {
     }
 }
 
-/// A column by its unqualified name.
-fn column(name: &str) -> Expr {
-    Expr::Column(Column::from_name(name))
-}
-
-/// `e` without a top-level alias.
-fn unalias(e: &Expr) -> &Expr {
-    match e {
-        Expr::Alias(Alias { expr, .. }) => unalias(expr),
-        e => e,
-    }
-}
-
 /// `agg` with every grouping key and aggregate argument a plain column:
 /// the others are computed by a projection inserted below it (Acero wants
 /// direct references). `count`'s literal arguments stay (they are dropped
@@ -199,7 +185,7 @@ fn direct_reference_aggregate(agg: &Aggregate) -> Result<Aggregate> {
                 computed.len() - 1
             }
         };
-        column(&format!("{PRE_PROJECTED}{i}"))
+        reserved::Placeholder::Acero.column(i)
     };
     let mut groups = Vec::with_capacity(agg.group_expr.len());
     for g in &agg.group_expr {
@@ -241,7 +227,7 @@ fn direct_reference_aggregate(agg: &Aggregate) -> Result<Aggregate> {
         computed
             .into_iter()
             .enumerate()
-            .map(|(i, e)| e.alias(format!("{PRE_PROJECTED}{i}"))),
+            .map(|(i, e)| e.alias(reserved::Placeholder::Acero.name(i))),
     );
     let projection = Projection::try_new(exprs, Arc::clone(&agg.input))?;
     Aggregate::try_new(

@@ -53,10 +53,8 @@ use prost::Message;
 
 pub use datafusion_substrait::substrait::proto::Plan;
 
+use crate::engine::call::MarkerKind;
 use crate::error::{ErrorKind, GradError};
-
-/// The SQL functions that must have been replaced by derivatives.
-const MARKERS: [&str; 3] = ["grad", "jvp", "vjp"];
 
 /// The name written into the plan's `version.producer`.
 const PRODUCER: &str = "datafusion-grad";
@@ -360,7 +358,7 @@ fn refuse_surviving_markers(plan: &LogicalPlan) -> Result<()> {
         node.apply_expressions(|e| {
             e.apply(|e| {
                 if let Expr::ScalarFunction(f) = e {
-                    if MARKERS.contains(&f.name()) {
+                    if MarkerKind::is_marker_name(f.name()) {
                         found = Some(f.name().to_string());
                         return Ok(TreeNodeRecursion::Stop);
                     }

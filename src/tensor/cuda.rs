@@ -383,13 +383,17 @@ impl Gpu {
 #[cfg(test)]
 mod tests {
     //! cuBLAS against the CPU kernels. Each test prints `skipped: no CUDA
-    //! device` and passes where no GPU can be used.
+    //! device` and passes where no GPU can be used, unless
+    //! `DFGRAD_REQUIRE_GPU=1` says a GPU must be there: then it fails.
 
     use super::*;
 
     fn gpu_or_skip() -> bool {
         match unavailable_reason() {
             None => true,
+            Some(reason) if std::env::var("DFGRAD_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
+                panic!("DFGRAD_REQUIRE_GPU=1 but no CUDA device can be used: {reason}")
+            }
             Some(reason) => {
                 println!("skipped: no CUDA device ({reason})");
                 false

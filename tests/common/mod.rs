@@ -1,4 +1,7 @@
-//! Running the `dfgrad` binary from the integration tests.
+//! Helpers shared by the integration tests: running the `dfgrad` binary,
+//! and comparing numbers ([`numbers`]).
+
+pub mod numbers;
 
 use std::process::{Command, Output};
 

@@ -26,6 +26,7 @@ use datafusion_ffi::query_planner::FFI_QueryPlanner;
 use datafusion_ffi::udaf::FFI_AggregateUDF;
 use datafusion_ffi::udf::FFI_ScalarUDF;
 use datafusion_ffi::udtf::FFI_TableFunction;
+use datafusion_grad::engine::call::MarkerKind;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyCapsule;
@@ -39,9 +40,6 @@ mod planner;
 
 use grad_query::GradQuery;
 use planner::GradPlanner;
-
-/// The SQL functions that differentiate.
-const MARKERS: [&str; 3] = ["grad", "jvp", "vjp"];
 
 /// One of datafusion_grad's scalar functions (`grad`, `jvp`, `vjp` or a
 /// tensor function such as `matmul`) as a `datafusion_scalar_udf` capsule, so
@@ -70,9 +68,9 @@ impl PyScalarFunction {
     /// Every name `ScalarFunction` accepts: the markers, then the tensor functions.
     #[staticmethod]
     fn names() -> Vec<String> {
-        MARKERS
+        MarkerKind::ALL
             .iter()
-            .map(|m| m.to_string())
+            .map(|k| k.name().to_string())
             .chain(
                 datafusion_grad::tensor::functions()
                     .iter()

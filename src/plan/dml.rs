@@ -18,7 +18,7 @@ use datafusion::error::Result;
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use crate::bindings::inline_all;
+use crate::plan::bindings::inline_all;
 
 /// `plan` with the computed columns its `UPDATE`s and `DELETE`s read
 /// written out.

@@ -30,10 +30,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan, Projection, SubqueryAlias};
 
 use crate::engine::MAX_TREE_NODES;
 use crate::error::{ErrorKind, GradError};
-
-/// The name a derived table of bound columns gets when the columns it passes
-/// on have no qualifier.
-const UNQUALIFIED_ALIAS: &str = "__dfgrad_input";
+use crate::reserved::{is_bound_name, INPUT_ALIAS};
 
 /// `plan` with every binding projection printable (see the module docs).
 pub(crate) fn printable(plan: LogicalPlan) -> Result<LogicalPlan> {
@@ -133,20 +130,6 @@ fn is_unbinding(plan: &LogicalPlan) -> bool {
             .all(|e| matches!(e, Expr::Column(c) if input.has_column(c)))
 }
 
-/// Whether `name` is a column the analyzer binds (`__dfgrad{m}_{node}`), or
-/// one DataFusion's common-subexpression elimination computes
-/// (`__common_expr_{n}`).
-fn is_bound_name(name: &str) -> bool {
-    if let Some(n) = name.strip_prefix("__common_expr_") {
-        return !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
-    }
-    name.strip_prefix("__dfgrad")
-        .and_then(|rest| rest.split_once('_'))
-        .is_some_and(|(m, node)| {
-            !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()) && !node.is_empty()
-        })
-}
-
 /// The binding projection (or window) `plan` as a derived table named after
 /// the qualifier of the columns it passes on; or, when they have several,
 /// the plan below it, with its definitions (in terms of that plan's columns)
@@ -181,7 +164,7 @@ fn derived_table(
     }
     let alias = match qualifiers.as_slice() {
         _ if !derived_tables => None,
-        [] => Some(UNQUALIFIED_ALIAS.to_string()),
+        [] => Some(INPUT_ALIAS.to_string()),
         [TableReference::Bare { table }] => Some(table.to_string()),
         _ => None,
     };
@@ -247,20 +230,4 @@ fn inline(e: Expr, defs: &HashMap<String, Expr>) -> Result<Expr> {
         .into());
     }
     Ok(e)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::is_bound_name;
-
-    #[test]
-    fn bound_names() {
-        assert!(is_bound_name("__dfgrad0_15"));
-        assert!(is_bound_name("__dfgrad12_root"));
-        assert!(!is_bound_name("__dfgrad_agg0"));
-        assert!(!is_bound_name("__dfgrad0_"));
-        assert!(!is_bound_name("x"));
-        assert!(is_bound_name("__common_expr_1"));
-        assert!(!is_bound_name("__common_expr_"));
-    }
 }

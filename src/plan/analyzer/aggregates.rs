@@ -28,7 +28,6 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
 use datafusion::error::Result;
-use datafusion::functions::core::expr_fn::named_struct;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
@@ -36,17 +35,17 @@ use datafusion::logical_expr::{
     WindowFunctionDefinition,
 };
 
-use crate::analyzer::{has_marker, rewrite_node, wrt_columns};
-use crate::engine::fill_placeholders;
+use super::rewrite_node;
+use crate::engine::call::{as_marker, has_marker, Marker, MarkerKind};
 use crate::error::{fail, ErrorKind, GradError};
-use crate::lineage::{
-    expr_parts, identity_of, overlaps, parts, rereads, value_use_of_outer, AggregateRef, Scope,
-    AGGREGATE_PREFIX,
-};
-use crate::marker::{as_marker, Marker, MarkerKind};
-use crate::outer::{
+use crate::plan::free_variables::{
     is_outer_variable, outer_name, outer_variables, plan_reads, same_outer, subquery_reads,
 };
+use crate::plan::lineage::{
+    expr_parts, identity_of, overlaps, parts, rereads, value_use_of_outer, AggregateRef, Scope,
+};
+use crate::plan::unalias;
+use crate::reserved::Placeholder;
 use crate::rules::aggregate::{aggregate_rule, AggregateCall, SAME_NULLS};
 use crate::tensor::Shape;
 
@@ -93,23 +92,23 @@ impl Added {
     /// A column `agg` of the Aggregate (or Window) `plan`, reusing an equal one.
     fn column(&mut self, plan: &LogicalPlan, agg: Expr) -> Expr {
         let list = self.by_node.entry(address(plan)).or_default();
-        named(list, &mut self.count, "__dfgrad_agg", agg)
+        named(list, &mut self.count, Placeholder::AddedAggregate, agg)
     }
 
     /// A column of a window function `w` computed below the Aggregate `plan`.
     fn window(&mut self, plan: &LogicalPlan, w: Expr) -> Expr {
         let list = self.windows.entry(address(plan)).or_default();
-        named(list, &mut self.count, "__dfgrad_window", w)
+        named(list, &mut self.count, Placeholder::AddedWindow, w)
     }
 }
 
-/// The column of `e` in `list`, added under a new name `{prefix}{count}` if
-/// no equal expression is there.
-fn named(list: &mut Vec<(String, Expr)>, count: &mut usize, prefix: &str, e: Expr) -> Expr {
+/// The column of `e` in `list`, added under a new name (item `count` of
+/// `family`) if no equal expression is there.
+fn named(list: &mut Vec<(String, Expr)>, count: &mut usize, family: Placeholder, e: Expr) -> Expr {
     let name = match list.iter().find(|(_, x)| *x == e) {
         Some((name, _)) => name.clone(),
         None => {
-            let name = format!("{prefix}{count}");
+            let name = family.name(*count);
             *count += 1;
             list.push((name.clone(), e));
             name
@@ -125,13 +124,10 @@ fn address(plan: &LogicalPlan) -> usize {
 /// One marker: when its `f` reads aggregate outputs, the equivalent `jvp`
 /// form over columns carried up from the aggregates.
 fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transformed<Expr>> {
-    let Some(marker) = as_marker(&e) else {
+    let Some(call) = as_marker(&e) else {
         return Ok(Transformed::no(e));
     };
-    let (kind, rules) = (marker.kind(), Arc::clone(marker.rules()));
-    let Expr::ScalarFunction(call) = &e else {
-        unreachable!("as_marker matched a scalar function")
-    };
+    let (kind, rules) = (call.kind(), Arc::clone(call.marker.rules()));
     // The variables: columns, or outer variables (outer references in a
     // subquery, parameters: constant within every group). Any other variable
     // is refused by the marker itself.
@@ -144,10 +140,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             _ => None,
         })
         .collect();
-    let (wrt, outer) = (
-        wrt_columns(kind, &call.args),
-        outer_variables(kind, &call.args),
-    );
+    let (wrt, outer) = (call.wrt_columns(), outer_variables(kind, call.args));
     if variables.len() != kind.wrt_positions(call.args.len())?.len() {
         return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
     }
@@ -220,7 +213,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             _ => added.column(r.plan, aggregate_call(r).clone()),
         })
         .collect();
-    let f = fill_placeholders(f, AGGREGATE_PREFIX, &values)?;
+    let f = Placeholder::Aggregate.fill(f, &values)?;
     let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
     // The total derivative with respect to each variable.
     let mut totals = Vec::with_capacity(variables.len());
@@ -247,45 +240,8 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         )));
     }
     let names = variables.iter().map(|(_, name)| name.as_str());
-    let result = assemble(kind, &call.args, names, totals)?;
+    let result = kind.assemble(call.args, names, totals)?;
     Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
-}
-
-/// The value of a marker call of `kind` with `args`, from the total
-/// derivative with respect to each of its variables (named `names`):
-/// `grad` one of them or a struct, `vjp` each times the cotangent, `jvp`
-/// their sum weighted by the tangents.
-pub(crate) fn assemble<'a>(
-    kind: MarkerKind,
-    args: &[Expr],
-    names: impl Iterator<Item = &'a str>,
-    totals: Vec<Expr>,
-) -> Result<Expr> {
-    Ok(match kind {
-        MarkerKind::Grad | MarkerKind::Vjp => {
-            let totals: Vec<Expr> = match kind {
-                MarkerKind::Vjp => totals.into_iter().map(|t| args[2].clone() * t).collect(),
-                _ => totals,
-            };
-            if totals.len() == 1 {
-                totals.into_iter().next().expect("one total")
-            } else {
-                named_struct(
-                    kind.struct_names(names)?
-                        .into_iter()
-                        .zip(totals)
-                        .flat_map(|(n, t)| [lit(n), t])
-                        .collect(),
-                )
-            }
-        }
-        MarkerKind::Jvp => totals
-            .into_iter()
-            .enumerate()
-            .map(|(i, t)| args[2 * i + 2].clone() * t)
-            .reduce(|a, b| a + b)
-            .expect("at least one variable"),
-    })
 }
 
 /// The aggregate (or window function) expression behind an output.
@@ -297,20 +253,13 @@ fn aggregate_call<'p>(r: &AggregateRef<'p>) -> &'p Expr {
     }
 }
 
-fn unalias(e: &Expr) -> &Expr {
-    match e {
-        Expr::Alias(a) => unalias(&a.expr),
-        e => e,
-    }
-}
-
 /// `dA/dw` for the aggregate (or window) output `r` as an expression over new
 /// aggregate (window) columns of its node, and whether it is SQL NULL
 /// exactly where `A` is; `id` is the variable's identity (`None` for an
 /// outer variable, which is constant within every group).
 fn derivative_aggregate(
     r: &AggregateRef,
-    id: Option<crate::lineage::Identity>,
+    id: Option<crate::plan::lineage::Identity>,
     w: &Expr,
     grad: &ScalarUDF,
     scope: &Scope,

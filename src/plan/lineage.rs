@@ -33,17 +33,14 @@ use datafusion::logical_expr::{
     Distinct, Expr, JoinType, LogicalPlan, Operator, RecursiveQuery, Subquery, TableScan,
 };
 
-use crate::analyzer::wrt_columns;
+use super::free_variables::{outer_name, outer_variables, plan_reads, same_outer, subquery_reads};
+use super::unalias;
+use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
-use crate::marker::as_marker;
-use crate::outer::{outer_name, outer_variables, plan_reads, same_outer, subquery_reads};
+use crate::reserved::Placeholder;
 
 /// The identity of a value: the plan node that defines it, and its index there.
 pub type Identity = (usize, usize);
-
-/// Prefix of the placeholder columns that stand for aggregate outputs in an
-/// expression inlined by [`Scope::inline_through_aggregates`].
-pub(crate) const AGGREGATE_PREFIX: &str = "__dfgrad_aggregate";
 
 /// An aggregate output that a differentiated expression reads: output `idx`
 /// (an aggregate expression, after the group keys) of the Aggregate `plan`.
@@ -179,13 +176,6 @@ fn trace(mut plan: &LogicalPlan, mut idx: usize) -> Result<Origin<'_>> {
     }
 }
 
-fn unalias(e: &Expr) -> &Expr {
-    match e {
-        Expr::Alias(a) => unalias(&a.expr),
-        e => e,
-    }
-}
-
 /// The inputs of one plan node, seen as one schema (a join's two sides side by side).
 pub struct Scope<'p> {
     inputs: Vec<&'p LogicalPlan>,
@@ -271,7 +261,7 @@ impl<'p> Scope<'p> {
 
     /// Like [`Scope::inline`], but an aggregate output that `f` reads (in
     /// itself or through derived columns) is replaced by a placeholder column
-    /// `{AGGREGATE_PREFIX}{k}` for the `k`-th returned reference, instead of
+    /// `__dfgrad_aggregate{k}` (see `crate::reserved`) for the `k`-th returned reference, instead of
     /// being refused.
     pub fn inline_through_aggregates(
         &self,
@@ -353,7 +343,7 @@ struct Inliner<'s, 'p> {
     scope: &'s Scope<'p>,
     wrt: &'s HashMap<Identity, Column>,
     variables: &'s [Variable<'p>],
-    /// Variables from outside the rows (see `crate::outer`).
+    /// Variables from outside the rows (see `crate::plan::free_variables`).
     outer: &'s [Expr],
     /// Where aggregate outputs are recorded, when they are differentiated through.
     record: Option<&'s RefCell<Vec<AggregateRef<'p>>>>,
@@ -391,10 +381,7 @@ impl<'p> Inliner<'_, 'p> {
                         refs.len() - 1
                     }
                 };
-                Ok(Transformed::yes(crate::engine::placeholder(
-                    AGGREGATE_PREFIX,
-                    k,
-                )))
+                Ok(Transformed::yes(Placeholder::Aggregate.column(k)))
             }
             Origin::Aggregated { name, .. } => fail(
                 ErrorKind::NeedsPlanContext,
@@ -590,7 +577,7 @@ impl<'p> Inliner<'_, 'p> {
     /// like a `CASE` condition), so its derivative is 0 and the subquery is
     /// a constant. A subquery that uses the variable as a value in the `f`
     /// of a projection's or filter's marker is differentiated inside before
-    /// this runs (`src/subqueries.rs`); one found here (in an aggregate's
+    /// this runs (`src/plan/analyzer/subqueries.rs`); one found here (in an aggregate's
     /// marker, a derived column, a nested marker) is refused, saying that
     /// DataFusion 55 cannot run that shape.
     fn check_subquery(&self, subquery: &Subquery) -> Result<()> {
@@ -988,7 +975,7 @@ fn subquery_description(s: &Subquery) -> String {
 /// what one of its column variables is made of: the subquery's value
 /// depends on the variable in other rows (a correlated subquery that reads
 /// the variable only as an outer reference is differentiated inside, see
-/// `src/subqueries.rs`).
+/// `src/plan/analyzer/subqueries.rs`).
 pub(crate) fn refuse_rereads(node: &LogicalPlan) -> Result<()> {
     let exprs = node.expressions();
     let has_subquery = |e: &Expr| e.exists(|e| Ok(matches!(e, Expr::ScalarSubquery(_))));
@@ -998,10 +985,10 @@ pub(crate) fn refuse_rereads(node: &LogicalPlan) -> Result<()> {
     let scope = Scope::new(node.inputs())?;
     for e in &exprs {
         e.apply(|e| {
-            let (Some(marker), Expr::ScalarFunction(call)) = (as_marker(e), e) else {
+            let Some(call) = as_marker(e) else {
                 return Ok(TreeNodeRecursion::Continue);
             };
-            for var in wrt_columns(marker.kind(), &call.args) {
+            for var in call.wrt_columns() {
                 if !scope.schema().has_column(&var) {
                     continue;
                 }
@@ -1050,10 +1037,10 @@ fn refuse_outer_rereads_in(holder: &LogicalPlan, plan: &LogicalPlan) -> Result<(
     plan.apply_with_subqueries(|node| {
         node.apply_expressions(|e| {
             e.apply(|e| {
-                let (Some(marker), Expr::ScalarFunction(call)) = (as_marker(e), e) else {
+                let Some(call) = as_marker(e) else {
                     return Ok(TreeNodeRecursion::Continue);
                 };
-                for v in outer_variables(marker.kind(), &call.args) {
+                for v in outer_variables(call.kind(), call.args) {
                     let Expr::OuterReferenceColumn(_, c) = &v else {
                         continue;
                     };
@@ -1081,4 +1068,88 @@ fn refuse_outer_rereads_in(holder: &LogicalPlan, plan: &LogicalPlan) -> Result<(
         Ok(TreeNodeRecursion::Continue)
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::functions_aggregate::expr_fn::avg;
+    use datafusion::logical_expr::{col, lit, table_scan, LogicalPlanBuilder};
+
+    use super::*;
+    use crate::error::GradError;
+
+    /// `t(x, y)` under `SELECT t.x, t.y, t.x * 2 AS z, t.y + 1 AS u`.
+    fn derived() -> LogicalPlan {
+        let schema = Schema::new(vec![
+            Field::new("x", DataType::Float64, false),
+            Field::new("y", DataType::Float64, false),
+        ]);
+        table_scan(Some("t"), &schema, None)
+            .unwrap()
+            .project(vec![
+                col("t.x"),
+                col("t.y"),
+                (col("t.x") * lit(2.0)).alias("z"),
+                (col("t.y") + lit(1.0)).alias("u"),
+            ])
+            .unwrap()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn derived_columns_of_the_variable_are_inlined() {
+        let plan = derived();
+        let scope = Scope::new(vec![&plan]).unwrap();
+        let x = Column::new(Some("t"), "x");
+        let inlined = scope.inline(col("z") * col("z"), &[x], &[]).unwrap();
+        assert!(inlined.transformed);
+        let twice = col("t.x") * lit(2.0);
+        assert_eq!(inlined.data, twice.clone() * twice);
+        // `u` does not depend on x: it stays a column.
+        let x = Column::new(Some("t"), "x");
+        let kept = scope.inline(col("u") * col("t.x"), &[x], &[]).unwrap();
+        assert!(!kept.transformed);
+        assert_eq!(kept.data, col("u") * col("t.x"));
+    }
+
+    #[test]
+    fn the_variable_has_one_identity_through_projections() {
+        let plan = derived();
+        let above = LogicalPlanBuilder::from(plan.clone())
+            .project(vec![col("x").alias("x2"), col("z")])
+            .unwrap()
+            .build()
+            .unwrap();
+        let below = Scope::new(vec![&plan]).unwrap();
+        let top = Scope::new(vec![&above]).unwrap();
+        let x = below.identity(&Column::new(Some("t"), "x")).unwrap();
+        assert!(x.is_some());
+        assert_eq!(top.identity(&Column::from_name("x2")).unwrap(), x);
+        // A computed column has an identity of its own.
+        assert_ne!(below.identity(&Column::from_name("z")).unwrap(), x);
+    }
+
+    #[test]
+    fn an_aggregate_output_is_refused_or_recorded() {
+        let plan = LogicalPlanBuilder::from(derived())
+            .aggregate(
+                vec![col("t.y")],
+                vec![avg(col("z") * col("t.y")).alias("m")],
+            )
+            .unwrap()
+            .build()
+            .unwrap();
+        let scope = Scope::new(vec![&plan]).unwrap();
+        let y = Column::new(Some("t"), "y");
+        let err = scope.inline(col("m"), &[y.clone()], &[]).unwrap_err();
+        let kind = GradError::find(&err).map(|g| g.kind());
+        assert_eq!(kind, Some(ErrorKind::NeedsPlanContext), "{err}");
+        let (f, refs) = scope
+            .inline_through_aggregates(col("m"), &[y], &[])
+            .unwrap();
+        assert_eq!(f, Placeholder::Aggregate.column(0));
+        assert_eq!(refs.len(), 1);
+    }
 }

@@ -4,20 +4,20 @@
 //! subqueries, recursive CTEs, DML, CTAS and views) and rewrites each marker
 //! with the plan around it in view:
 //! - derived columns: `f` is rewritten to differentiate through definitions
-//!   below (see [`crate::lineage`]);
+//!   below (see [`super::lineage`]);
 //! - through aggregates: a marker whose `f` reads aggregate outputs is
-//!   rewritten by the chain rule across the Aggregate node (see
-//!   [`crate::aggregates`]);
+//!   rewritten by the chain rule across the Aggregate node (child module
+//!   `aggregates`);
 //! - through scalar subqueries: a subquery in `f` that reads the variable is
-//!   differentiated inside (see `src/subqueries.rs`), and a marker inside
-//!   a subquery may differentiate with respect to an outer column (see
-//!   `src/outer.rs`); a result DataFusion 55 cannot execute is refused
+//!   differentiated inside (child module `subqueries`), and a marker inside
+//!   a subquery may differentiate with respect to an outer column or a
+//!   parameter (see [`super::free_variables`]); a result DataFusion 55 cannot execute is refused
 //!   with a typed error, never treated as an independent column (which
 //!   would silently give 0);
 //! - `f` reading a value that the variable flows into where the rewrite
 //!   cannot follow (through a recursive CTE's iterations, or another scan of
 //!   the variable's rows in a subquery, aggregate or window) is refused with
-//!   a typed error (see [`crate::lineage`]);
+//!   a typed error (see [`super::lineage`]);
 //! - the markers of one plan node are differentiated together in one DAG
 //!   ([`Workspace`]), and the subexpressions their derivatives share are
 //!   computed once, by projections inserted below the node ([`share`]): the
@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema};
+use datafusion::common::Column;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
@@ -38,18 +38,20 @@ use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection, Subquery
 use datafusion::optimizer::optimize_projections::OptimizeProjections;
 use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, OptimizerRule};
 
-use crate::aggregates::through_aggregates;
-use crate::dml::inline_updates;
-use crate::engine::{fill_placeholders, share, Layer, Workspace};
-use crate::error::{fail, ErrorKind};
-use crate::lineage::{correlated_value_use, refuse_outer_rereads, refuse_rereads, Scope};
-use crate::marker::{as_marker, expand_markers, MarkerKind};
-use crate::outer::{has_outer_variable, outer_variables};
-use crate::subqueries::through_subqueries;
+mod aggregates;
+mod subqueries;
 
-/// Prefix of the placeholder columns that stand for a node's derivatives
-/// while their shared parts are bound.
-const ROOT_PREFIX: &str = "__dfgrad_root";
+use aggregates::through_aggregates;
+use subqueries::through_subqueries;
+
+use super::dml::inline_updates;
+use super::expand::expand_markers;
+use super::free_variables::{has_outer_variable, outer_variables};
+use super::lineage::{correlated_value_use, refuse_outer_rereads, refuse_rereads, Scope};
+use crate::engine::call::{as_marker, has_marker, into_marker};
+use crate::engine::{share, Layer, Workspace};
+use crate::error::{fail, ErrorKind};
+use crate::reserved::{binding_prefix, Placeholder};
 
 /// Differentiates with the plan in view; see the [module docs](self).
 #[derive(Debug, Default)]
@@ -149,18 +151,13 @@ fn refresh_outer_references(plan: LogicalPlan) -> Result<LogicalPlan> {
 
 /// `plan` without the expressions nothing reads (DataFusion's
 /// `optimize_projections`).
-pub(crate) fn prune(plan: LogicalPlan) -> Result<LogicalPlan> {
+fn prune(plan: LogicalPlan) -> Result<LogicalPlan> {
     let config = OptimizerContext::new();
     Ok(OptimizeProjections::new().rewrite(plan, &config)?.data)
 }
 
-/// Whether `e` calls a marker.
-pub(crate) fn has_marker(e: &Expr) -> bool {
-    e.exists(|e| Ok(as_marker(e).is_some())).unwrap_or(false)
-}
-
 /// Rewrites the markers of one plan node.
-pub(crate) fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
     }
@@ -169,7 +166,7 @@ pub(crate) fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>
     let node = through_aggregates(node)?;
     let node = inline_derived(node)?;
     // Variables that are outer references are differentiated marker by
-    // marker, each localized (see `crate::outer`).
+    // marker, each localized (see `crate::plan::free_variables`).
     let outer: Vec<bool> = node.expressions().iter().map(has_outer_variable).collect();
     let plan = match node {
         node if outer.contains(&true) => refuse_correlated(expand(node)?, &outer)?,
@@ -263,7 +260,7 @@ fn differentiate_shared(node: LogicalPlan) -> Result<LogicalPlan> {
     let Some(rules) = exprs.iter().find_map(|e| {
         let mut found = None;
         e.apply(|e| {
-            found = as_marker(e).map(|m| Arc::clone(m.rules()));
+            found = as_marker(e).map(|call| Arc::clone(call.marker.rules()));
             Ok(match found {
                 Some(_) => TreeNodeRecursion::Stop,
                 None => TreeNodeRecursion::Continue,
@@ -283,14 +280,14 @@ fn differentiate_shared(node: LogicalPlan) -> Result<LogicalPlan> {
     for e in exprs {
         let saved = names.save(&e);
         let unconditional = !has_conditional(&e)?;
-        let e = ws.differentiate_markers(e, ROOT_PREFIX, &mut roots)?;
+        let e = ws.differentiate_markers(e, Placeholder::Root, &mut roots)?;
         always.resize(roots.len(), unconditional);
         replaced.push((saved, e));
     }
     let shared = share(&mut ws, &roots, &always, &binding_prefix(&schema))?;
     let mut new_exprs = Vec::with_capacity(replaced.len());
     for (saved, e) in replaced {
-        new_exprs.push(saved.restore(fill_placeholders(e, ROOT_PREFIX, &shared.exprs)?));
+        new_exprs.push(saved.restore(Placeholder::Root.fill(e, &shared.exprs)?));
     }
     let adds_columns = !shared.layers.is_empty()
         && matches!(
@@ -338,14 +335,6 @@ fn has_conditional(e: &Expr) -> Result<bool> {
     Ok(found)
 }
 
-/// A prefix for bound columns that no column of `schema` starts with.
-fn binding_prefix(schema: &DFSchema) -> String {
-    (0..)
-        .map(|m| format!("__dfgrad{m}_"))
-        .find(|p| !schema.fields().iter().any(|f| f.name().starts_with(p)))
-        .expect("some prefix is free")
-}
-
 /// `input` under one projection per layer, each passing `input`'s columns on.
 fn bind(input: LogicalPlan, layers: Vec<Layer>) -> Result<LogicalPlan> {
     let passed: Vec<Expr> = input
@@ -371,14 +360,11 @@ fn bind(input: LogicalPlan, layers: Vec<Layer>) -> Result<LogicalPlan> {
 
 /// Inlines derived columns into a marker's `f` (its first argument).
 fn rewrite_marker(e: Expr, scope: &Scope) -> Result<Transformed<Expr>> {
-    let Some(marker) = as_marker(&e) else {
-        return Ok(Transformed::no(e));
+    let (kind, ScalarFunction { func, mut args }) = match into_marker(e) {
+        Ok(call) => call,
+        Err(e) => return Ok(Transformed::no(e)),
     };
-    let kind = marker.kind();
-    let Expr::ScalarFunction(ScalarFunction { func, mut args }) = e else {
-        unreachable!("as_marker matched a scalar function")
-    };
-    let wrt: Vec<Column> = wrt_columns(kind, &args);
+    let wrt: Vec<Column> = kind.wrt_columns(&args);
     let outer = outer_variables(kind, &args);
     if kind.wrt_positions(args.len())?.len() != wrt.len() + outer.len() {
         // Some variable is neither a column nor an outer reference: the
@@ -391,17 +377,4 @@ fn rewrite_marker(e: Expr, scope: &Scope) -> Result<Transformed<Expr>> {
     args.insert(0, f.data);
     let call = Expr::ScalarFunction(ScalarFunction { func, args });
     Ok(Transformed::new_transformed(call, f.transformed))
-}
-
-/// The variables of a marker call (none when its arity is wrong: the marker
-/// itself reports that).
-pub(crate) fn wrt_columns(kind: MarkerKind, args: &[Expr]) -> Vec<Column> {
-    kind.wrt_positions(args.len())
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|p| match args.get(p) {
-            Some(Expr::Column(c)) => Some(c.clone()),
-            _ => None,
-        })
-        .collect()
 }

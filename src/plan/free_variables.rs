@@ -6,7 +6,7 @@
 //! SELECT t.x, (SELECT avg(grad(g.w * t.x, t.x)) FROM g) FROM t;
 //! SELECT t.x, (SELECT grad(avg(g.w * t.x), t.x) FROM g) FROM t;
 //! -- d/dw of the mean squared error at the parameter's value
-//! PREPARE step(DOUBLE) AS SELECT grad(avg((x * $1 - y) ^ 2), $1) FROM t;
+//! PREPARE step(DOUBLE) AS SELECT grad(avg(power(x * $1 - y, 2)), $1) FROM t;
 //! EXECUTE step(0.5);
 //! ```
 //!
@@ -20,7 +20,7 @@
 //! schema, differentiated like any column, and put back in the result.
 //! Whether DataFusion can then run a subquery depends on the result:
 //! `avg(g.w)` above is uncorrelated, `avg(2 · g.w · t.x)` is not (see
-//! [`crate::subqueries`]).
+//! `src/plan/analyzer/subqueries.rs`).
 //!
 //! A parameter read inside a subquery of `f` is refused (the subquery
 //! would count as a constant).
@@ -29,12 +29,13 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::FieldRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema, TableReference};
+use datafusion::common::{Column, DFSchema};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
+use crate::engine::call::{as_marker, MarkerKind};
 use crate::error::{fail, ErrorKind};
-use crate::marker::{as_marker, MarkerKind};
+use crate::reserved::outer_qualifier;
 
 /// A marker call's arguments with its outer variables replaced by
 /// placeholder columns, and the schema that has them.
@@ -75,12 +76,7 @@ pub(crate) fn outer_variables(kind: MarkerKind, args: &[Expr]) -> Vec<Expr> {
 /// Whether `e` holds a marker call with an outer variable.
 pub(crate) fn has_outer_variable(e: &Expr) -> bool {
     e.exists(|e| {
-        Ok(match (as_marker(e), e) {
-            (Some(m), Expr::ScalarFunction(call)) => {
-                !outer_variables(m.kind(), &call.args).is_empty()
-            }
-            _ => false,
-        })
+        Ok(as_marker(e).is_some_and(|call| !outer_variables(call.kind(), call.args).is_empty()))
     })
     .unwrap_or(false)
 }
@@ -130,8 +126,7 @@ pub(crate) fn localize(
         if let Expr::Placeholder(_) = v {
             refuse_in_subquery(kind, &args[0], v)?;
         }
-        let qualifier = TableReference::bare(format!("__dfgrad_outer{}", outer.len()));
-        let local = Column::new(Some(qualifier), outer_name(v));
+        let local = Column::new(Some(outer_qualifier(outer.len())), outer_name(v));
         outer.push((local, field, v.clone()));
     }
     if outer.is_empty() {
@@ -221,4 +216,79 @@ pub(crate) fn plan_reads(plan: &LogicalPlan, v: &Expr) -> Result<bool> {
         })
     })?;
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::logical_expr::expr::Placeholder as Parameter;
+    use datafusion::logical_expr::{col, lit};
+
+    use super::*;
+    use crate::error::GradError;
+
+    /// The schema of `g(w)`, the rows a subquery ranges over.
+    fn rows() -> DFSchema {
+        let schema = Schema::new(vec![Field::new("w", DataType::Float64, false)]);
+        DFSchema::try_from_qualified_schema("g", &schema).unwrap()
+    }
+
+    fn outer_x() -> Expr {
+        Expr::OuterReferenceColumn(
+            Arc::new(Field::new("x", DataType::Float64, false)),
+            Column::new(Some("t"), "x"),
+        )
+    }
+
+    fn parameter(field: Option<Field>) -> Expr {
+        Expr::Placeholder(Parameter::new_with_field(
+            "$1".to_string(),
+            field.map(Arc::new),
+        ))
+    }
+
+    #[test]
+    fn an_outer_reference_becomes_a_column_and_comes_back() {
+        let x = outer_x();
+        let f = col("g.w") * x.clone() * x.clone();
+        let args = [f.clone(), x.clone()];
+        let local = localize(MarkerKind::Grad, &args, &rows()).unwrap().unwrap();
+        let placeholder = Column::new(Some(outer_qualifier(0)), "x");
+        assert_eq!(local.args[1], Expr::Column(placeholder.clone()));
+        assert!(local.schema.has_column(&placeholder));
+        assert!(local.schema.has_column(&Column::new(Some("g"), "w")));
+        assert_eq!(local.restore(local.args[0].clone()).unwrap(), f);
+    }
+
+    #[test]
+    fn a_parameter_is_localized_once() {
+        let p = parameter(Some(Field::new("$1", DataType::Float64, true)));
+        // jvp(f, $1, 1.0, $1, 2.0) is refused elsewhere; here both places
+        // are the same variable, one placeholder.
+        let f = col("g.w") * p.clone();
+        let args = [f, p.clone(), lit(1.0)];
+        let local = localize(MarkerKind::Jvp, &args, &rows()).unwrap().unwrap();
+        assert_eq!(local.schema.fields().len(), 2);
+        assert_eq!(local.restore(local.args[1].clone()).unwrap(), p);
+    }
+
+    #[test]
+    fn columns_alone_need_no_localizing() {
+        let args = [col("g.w") * col("g.w"), col("g.w")];
+        assert!(localize(MarkerKind::Grad, &args, &rows())
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_parameter_of_unknown_type_is_refused() {
+        let p = parameter(None);
+        let args = [col("g.w") * p.clone(), p];
+        let Err(err) = localize(MarkerKind::Grad, &args, &rows()) else {
+            panic!("a parameter of unknown type is localized")
+        };
+        let kind = GradError::find(&err).map(|g| g.kind());
+        assert_eq!(kind, Some(ErrorKind::InvalidWrt), "{err}");
+        assert!(err.to_string().contains("PREPARE q(DOUBLE)"), "{err}");
+    }
 }

@@ -6,7 +6,7 @@
 //! the subquery differentiated *inside*: the same plan under
 //! `grad(S's column, outer x)`, which the analyzer rewrites like any marker
 //! in a subquery (through its aggregates, with the outer reference constant
-//! within every group; see [`crate::outer`]). `S` is bound to a column below
+//! within every group; see [`crate::plan::free_variables`]). `S` is bound to a column below
 //! the marker's node and the marker becomes
 //! `jvp(f, S, dS/dx, x, 1)`.
 //!
@@ -24,7 +24,7 @@
 //! DataFusion 55 executes a correlated scalar subquery only when each outer
 //! reference is one side of an equality in a filter (a join key); `S` itself
 //! is not such a subquery (that case is piecewise constant, derivative 0,
-//! see [`crate::lineage`]). So the rewrite succeeds only where the result
+//! see [`crate::plan::lineage`]). So the rewrite succeeds only where the result
 //! can run: `dS/dx` must be uncorrelated or keyed by equalities, and the
 //! derivative must not need the value of `S`. Otherwise it is refused with
 //! a typed error saying that DataFusion 55 cannot execute the shape.
@@ -40,15 +40,12 @@ use datafusion::logical_expr::{
     lit, when, Expr, ExprSchemable, LogicalPlan, Projection, ScalarUDF, Subquery,
 };
 
-use crate::aggregates::assemble;
-use crate::analyzer::{prune, rewrite_node, wrt_columns};
+use super::{prune, rewrite_node};
+use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
-use crate::lineage::{correlated_value_use, value_use_of_outer};
-use crate::marker::{as_marker, Marker, MarkerKind};
+use crate::plan::lineage::{correlated_value_use, value_use_of_outer};
+use crate::reserved::Placeholder;
 use crate::tensor::Shape;
-
-/// Prefix of the columns that hold the subqueries' values below the node.
-const SUBQUERY_PREFIX: &str = "__dfgrad_subquery";
 
 /// The subqueries bound below a node by [`through_subqueries`], checked by
 /// [`Bound::finish`] once the node's markers are differentiated.
@@ -104,14 +101,11 @@ pub(crate) fn through_subqueries(node: LogicalPlan) -> Result<(LogicalPlan, Boun
 /// One marker: when its `f` reads a subquery correlated with a variable, the
 /// `jvp` form over the subquery's bound column.
 fn rewrite_marker(e: Expr, input: &LogicalPlan, bound: &mut Bound) -> Result<Transformed<Expr>> {
-    let Some(marker) = as_marker(&e) else {
+    let Some(call) = as_marker(&e) else {
         return Ok(Transformed::no(e));
     };
-    let (kind, rules) = (marker.kind(), Arc::clone(marker.rules()));
-    let Expr::ScalarFunction(call) = &e else {
-        unreachable!("as_marker matched a scalar function")
-    };
-    let wrt = wrt_columns(kind, &call.args);
+    let (kind, rules) = (call.kind(), Arc::clone(call.marker.rules()));
+    let wrt = call.wrt_columns();
     if wrt.len() != kind.wrt_positions(call.args.len())?.len() {
         // Some variable is not a column: the marker itself refuses it.
         return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
@@ -143,7 +137,7 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, bound: &mut Bound) -> Result<Tra
         let name = match bound.subqueries.iter().find(|(_, v, _)| *v == value) {
             Some((name, _, _)) => name.clone(),
             None => {
-                let name = format!("{SUBQUERY_PREFIX}{}", bound.subqueries.len());
+                let name = Placeholder::Subquery.name(bound.subqueries.len());
                 bound.subqueries.push((name.clone(), value, used.clone()));
                 name
             }
@@ -195,7 +189,7 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, bound: &mut Bound) -> Result<Tra
         });
     }
     let names = wrt.iter().map(|c| c.name.as_str());
-    let result = assemble(kind, &call.args, names, totals)?;
+    let result = kind.assemble(call.args, names, totals)?;
     Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
 }
 
@@ -206,7 +200,7 @@ fn derivative_subquery(
     s: &Subquery,
     c: &Column,
     input: &LogicalPlan,
-    rules: &crate::marker::SharedRules,
+    rules: &SharedRules,
 ) -> Result<Expr> {
     if value_use_of_outer(&s.subquery, c)?.is_none() {
         return Ok(lit(0.0));

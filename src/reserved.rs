@@ -1,0 +1,157 @@
+//! Every name datafusion-grad reserves in the plans and expressions it
+//! writes: built here and recognised here, nowhere else.
+//!
+//! All start with `__dfgrad` (DataFusion's own `__common_expr_{n}` columns
+//! are recognised here too, as the bindings treat them alike):
+//!
+//! | name | what it stands for |
+//! |---|---|
+//! | `__dfgrad_arg{i}` | argument `i` of a derivative rule's template ([`crate::rules`]) |
+//! | `__dfgrad_node{k}` | a nested marker's derivative while its outer marker is interned |
+//! | `__dfgrad_root{k}` | a marker's derivative while the analyzer binds shared parts |
+//! | `__dfgrad_aggregate{k}` | an aggregate output inlined into a marker's `f` |
+//! | `__dfgrad_subquery{k}` | a scalar subquery's derivative, joined in |
+//! | `__dfgrad_agg{k}`, `__dfgrad_window{k}` | aggregates and windows the rewrite through aggregates adds |
+//! | `__dfgrad_outer{k}` | qualifier of a localized outer reference or parameter |
+//! | `__dfgrad{m}_{node}` | a shared part bound by a projection (`m` keeps it unique in its schema) |
+//! | `__dfgrad_input` | alias of an unqualified input in exported SQL |
+//! | `__dfgrad_acero_{i}` | a pre-projected aggregate argument in Acero's Substrait |
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema, TableReference};
+use datafusion::error::Result;
+use datafusion::logical_expr::Expr;
+
+/// A family of placeholder columns `{prefix}{k}`, unqualified: each stands
+/// for item `k` of a list while an expression is rewritten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placeholder {
+    /// A rule template's argument (`__dfgrad_arg{i}`).
+    Arg,
+    /// A nested marker's derivative (`__dfgrad_node{k}`).
+    Node,
+    /// A marker's derivative in the analyzer (`__dfgrad_root{k}`).
+    Root,
+    /// An aggregate output inlined into `f` (`__dfgrad_aggregate{k}`).
+    Aggregate,
+    /// A scalar subquery's derivative (`__dfgrad_subquery{k}`).
+    Subquery,
+    /// An aggregate added by the rewrite through aggregates (`__dfgrad_agg{k}`).
+    AddedAggregate,
+    /// A window added by the rewrite through aggregates (`__dfgrad_window{k}`).
+    AddedWindow,
+    /// A pre-projected aggregate argument for Acero (`__dfgrad_acero_{i}`).
+    Acero,
+}
+
+impl Placeholder {
+    fn prefix(self) -> &'static str {
+        match self {
+            Placeholder::Arg => "__dfgrad_arg",
+            Placeholder::Node => "__dfgrad_node",
+            Placeholder::Root => "__dfgrad_root",
+            Placeholder::Aggregate => "__dfgrad_aggregate",
+            Placeholder::Subquery => "__dfgrad_subquery",
+            Placeholder::AddedAggregate => "__dfgrad_agg",
+            Placeholder::AddedWindow => "__dfgrad_window",
+            Placeholder::Acero => "__dfgrad_acero_",
+        }
+    }
+
+    /// The name of item `k`.
+    pub(crate) fn name(self, k: usize) -> String {
+        format!("{}{k}", self.prefix())
+    }
+
+    /// The (unqualified) column of item `k`.
+    pub(crate) fn column(self, k: usize) -> Expr {
+        Expr::Column(Column::new_unqualified(self.name(k)))
+    }
+
+    /// Whether `c` has this family's form (unqualified, its prefix), whether
+    /// or not an item number follows.
+    pub(crate) fn claims(self, c: &Column) -> bool {
+        c.relation.is_none() && c.name.starts_with(self.prefix())
+    }
+
+    /// `k` when `c` is this family's column of item `k`.
+    pub(crate) fn index(self, c: &Column) -> Option<usize> {
+        match c.relation {
+            None => c.name.strip_prefix(self.prefix())?.parse().ok(),
+            Some(_) => None,
+        }
+    }
+
+    /// `e` with each of this family's columns `k` replaced by `values[k]`.
+    pub(crate) fn fill(self, e: Expr, values: &[Expr]) -> Result<Expr> {
+        Ok(e.transform_up(|e| match &e {
+            Expr::Column(c) => match self.index(c).and_then(|k| values.get(k)) {
+                Some(v) => Ok(Transformed::yes(v.clone())),
+                None => Ok(Transformed::no(e)),
+            },
+            _ => Ok(Transformed::no(e)),
+        })?
+        .data)
+    }
+}
+
+/// The qualifier of the `k`-th localized outer variable (`__dfgrad_outer{k}`).
+pub(crate) fn outer_qualifier(k: usize) -> TableReference {
+    TableReference::bare(format!("__dfgrad_outer{k}"))
+}
+
+/// The alias given to an input without a qualifier in exported SQL.
+pub(crate) const INPUT_ALIAS: &str = "__dfgrad_input";
+
+/// A prefix `__dfgrad{m}_` for bound columns that no column of `schema`
+/// starts with.
+pub(crate) fn binding_prefix(schema: &DFSchema) -> String {
+    (0..)
+        .map(|m| format!("__dfgrad{m}_"))
+        .find(|p| !schema.fields().iter().any(|f| f.name().starts_with(p)))
+        .expect("some prefix is free")
+}
+
+/// Whether `name` is a column the analyzer binds (`__dfgrad{m}_{node}`, with
+/// a prefix from [`binding_prefix`]), or one DataFusion's
+/// common-subexpression elimination computes (`__common_expr_{n}`).
+pub(crate) fn is_bound_name(name: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if let Some(n) = name.strip_prefix("__common_expr_") {
+        return digits(n);
+    }
+    name.strip_prefix("__dfgrad")
+        .and_then(|rest| rest.split_once('_'))
+        .is_some_and(|(m, node)| digits(m) && !node.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_round_trip() {
+        for family in [Placeholder::Arg, Placeholder::Node, Placeholder::Acero] {
+            let Expr::Column(c) = family.column(7) else {
+                panic!("a column")
+            };
+            assert_eq!(family.index(&c), Some(7));
+            assert_eq!(Placeholder::Root.index(&c), None);
+        }
+        let qualified = Column::new(Some("t"), Placeholder::Node.name(1));
+        assert_eq!(Placeholder::Node.index(&qualified), None);
+    }
+
+    #[test]
+    fn bound_names() {
+        let schema = DFSchema::empty();
+        let prefix = binding_prefix(&schema);
+        assert_eq!(prefix, "__dfgrad0_");
+        assert!(is_bound_name(&format!("{prefix}15")));
+        assert!(is_bound_name("__dfgrad12_root"));
+        assert!(!is_bound_name(&Placeholder::AddedAggregate.name(0)));
+        assert!(!is_bound_name("__dfgrad0_"));
+        assert!(is_bound_name("__common_expr_1"));
+        assert!(!is_bound_name("__common_expr_"));
+    }
+}
