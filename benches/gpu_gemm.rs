@@ -18,7 +18,8 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use datafusion_grad::tensor::cuda::{self, Operand};
-use datafusion_grad::tensor::linalg::{gpu_worthwhile, Form};
+use datafusion_grad::tensor::gemm_form::Form;
+use datafusion_grad::tensor::linalg::gpu_worthwhile;
 
 /// Deterministic values in [-1, 1).
 fn data(n: usize, seed: u64) -> Vec<f64> {

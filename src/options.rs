@@ -6,12 +6,19 @@
 //! SET datafusion_grad.broadcast_aggregate = false;
 //! SET datafusion_grad.ballista_timeout_seconds = 3600;
 //! ```
+//!
+//! This module is a leaf: it imports nothing from the rest of the crate, and
+//! the modules that read a setting ([`crate::tensor`], `broadcast`, the
+//! Ballista client) import it, one way. So the settings' value types live
+//! here too — [`Device`], the value of `tensor_device`, although only the
+//! tensor functions read it — as DataFusion keeps the value types of its own
+//! settings (e.g. `SpillCompression`) beside `ConfigOptions` in
+//! `datafusion_common::config`, which its operators import.
 
-use datafusion::common::config::ConfigExtension;
+use datafusion::common::config::{ConfigExtension, ConfigField, ConfigOptions, Visit};
 use datafusion::common::extensions_options;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
-
-use crate::tensor::Device;
 
 extensions_options! {
     /// The `datafusion_grad.*` settings.
@@ -46,6 +53,75 @@ impl ConfigExtension for GradOptions {
     const PREFIX: &'static str = "datafusion_grad";
 }
 
+/// Where the matrix products (`matmul`, `matmul_tn`, `matmul_nt`) run: the
+/// value of the `datafusion_grad.tensor_device` setting. Every other tensor
+/// function runs on the CPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// The GPU when this build has the `cuda` feature, a CUDA device is
+    /// present and the product is large enough to gain from it; else the CPU.
+    #[default]
+    Auto,
+    /// Always the CPU kernels.
+    Cpu,
+    /// Always the GPU (cuBLAS); a `device_unavailable` error where there is
+    /// none (or the build lacks the `cuda` feature).
+    Gpu,
+}
+
+impl Device {
+    /// The device chosen by `options` (the default where the
+    /// `datafusion_grad` settings are not registered).
+    pub fn of(options: &ConfigOptions) -> Self {
+        options
+            .extensions
+            .get::<GradOptions>()
+            .map(|o| o.tensor_device)
+            .unwrap_or_default()
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = DataFusionError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "gpu" => Ok(Device::Gpu),
+            _ => Err(DataFusionError::Configuration(format!(
+                "datafusion_grad.tensor_device must be one of auto, cpu, gpu; got '{s}'"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Device::Auto => "auto",
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        })
+    }
+}
+
+impl ConfigField for Device {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        if !key.is_empty() {
+            return Err(DataFusionError::Configuration(format!(
+                "datafusion_grad.tensor_device has no field {key}"
+            )));
+        }
+        *self = value.parse()?;
+        Ok(())
+    }
+}
+
 /// Adds the settings to `ctx`'s configuration unless it has them already.
 pub fn register(ctx: &SessionContext) {
     let state = ctx.state_ref();
@@ -53,5 +129,57 @@ pub fn register(ctx: &SessionContext) {
     let extensions = &mut state.config_mut().options_mut().extensions;
     if extensions.get::<GradOptions>().is_none() {
         extensions.insert(GradOptions::default());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_setting() {
+        let mut options = ConfigOptions::default();
+        // Not registered: the default.
+        assert_eq!(Device::of(&options), Device::Auto);
+        assert!(options.set("datafusion_grad.tensor_device", "gpu").is_err());
+        options.extensions.insert(GradOptions::default());
+        assert_eq!(Device::of(&options), Device::Auto);
+        for (value, device) in [
+            ("cpu", Device::Cpu),
+            ("GPU", Device::Gpu),
+            (" auto ", Device::Auto),
+        ] {
+            options.set("datafusion_grad.tensor_device", value).unwrap();
+            assert_eq!(Device::of(&options), device);
+            assert_eq!(device.to_string().parse::<Device>().unwrap(), device);
+        }
+        let err = options
+            .set("datafusion_grad.tensor_device", "tpu")
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("auto, cpu, gpu; got 'tpu'"),
+            "{err}"
+        );
+        assert_eq!(
+            Device::of(&options),
+            Device::Auto,
+            "a refused value changes nothing"
+        );
+        let entries = options.entries();
+        let entry = entries
+            .iter()
+            .find(|e| e.key.ends_with("tensor_device"))
+            .expect("listed with the other settings");
+        assert_eq!(entry.value.as_deref(), Some("auto"));
+    }
+
+    #[test]
+    fn register_keeps_a_configured_device() {
+        let options = GradOptions::with_device(Device::Cpu);
+        let config = datafusion::prelude::SessionConfig::new().with_option_extension(options);
+        let ctx = crate::session_context_with_config(config);
+        assert_eq!(Device::of(ctx.state().config_options()), Device::Cpu);
+        let ctx = crate::session_context();
+        assert_eq!(Device::of(ctx.state().config_options()), Device::Auto);
     }
 }

@@ -22,7 +22,7 @@ use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, StridedBatchedConfig};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use datafusion::error::{DataFusionError, Result};
 
-use super::linalg::Form;
+use super::gemm_form::Form;
 use crate::error::{fail, ErrorKind};
 
 /// One operand of a batch of matrix products.

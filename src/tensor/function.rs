@@ -13,8 +13,8 @@ use datafusion::logical_expr::{
 
 use super::batch::{build, union_nulls, TensorArg};
 use super::shape::{Shape, MAX_ELEMENTS};
-use super::Device;
 use crate::error::{fail, ErrorKind};
+use crate::options::Device;
 
 /// What a kernel sees: the arguments over one batch and the result shape.
 pub struct Batch {

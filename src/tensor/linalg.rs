@@ -2,14 +2,17 @@
 //! `matmul_tn`, `matmul_nt`, used by its derivative), `transpose`, `outer`.
 //! Matrix products run on the blocked GEMM of [`super::kernels`], or on
 //! cuBLAS ([`super::cuda`], cargo feature `cuda`) as the session's
-//! `datafusion_grad.tensor_device` setting chooses ([`products`]).
+//! `datafusion_grad.tensor_device` setting chooses ([`products`]). The
+//! product's [`Form`] is defined in [`super::gemm_form`], which both this
+//! module and `cuda` import, so `cuda` imports nothing from here.
 
 use datafusion::error::Result;
 
 use super::function::{mismatch, Batch, Spec};
+use super::gemm_form::Form;
 use super::kernels;
 use super::shape::Shape;
-use super::Device;
+use crate::options::Device;
 
 /// The linear-algebra functions.
 pub static SPECS: &[Spec] = &[
@@ -126,29 +129,6 @@ pub static SPECS: &[Spec] = &[
     },
 ];
 
-/// Which operand of a matrix product C (m×n) = op(A)·op(B) is stored
-/// transposed; every matrix is row-major.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Form {
-    /// `matmul`: C = A·B, A stored m×k, B stored k×n.
-    NN,
-    /// `matmul_tn`: C = Aᵀ·B, A stored k×m, B stored k×n.
-    TN,
-    /// `matmul_nt`: C = A·Bᵀ, A stored m×k, B stored n×k.
-    NT,
-}
-
-impl Form {
-    /// C = op(A)·op(B) on the CPU kernels (overwriting `c`).
-    pub fn cpu(self, m: usize, n: usize, k: usize, a: &[f64], b: &[f64], c: &mut [f64]) {
-        match self {
-            Form::NN => kernels::gemm(m, n, k, a, b, c, false),
-            Form::TN => kernels::gemm_tn(m, n, k, a, b, c, false),
-            Form::NT => kernels::gemm_nt(m, n, k, a, b, c, false),
-        }
-    }
-}
-
 /// The least multiply-adds (over the whole batch: rows·m·n·k) that `auto`
 /// sends to the GPU. Measured (docs/benchmarks.md, `benches/gpu_gemm.rs`, an
 /// H200 over PCIe 5 against one core of its host's Xeon): a GPU call costs
@@ -224,4 +204,28 @@ fn gpu_products(_: &Batch, _: Form, _: usize, _: usize, _: usize) -> Result<Vec<
         "datafusion_grad.tensor_device is 'gpu', but datafusion-grad was built without the cuda \
          feature (rebuild with `--features cuda`, or SET datafusion_grad.tensor_device = 'auto')",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_threshold() {
+        // The MLP's first layer (2000 samples, 784 -> 20) qualifies, and so
+        // do products of 2^21 multiply-adds or more, alone or in a batch,
+        // with 8 or more multiply-adds per element moved; small products,
+        // and large ones with little work per element, do not.
+        assert!(gpu_worthwhile(2000, 20, 784, 1));
+        assert!(gpu_worthwhile(64, 64, 4096, 1));
+        assert!(!gpu_worthwhile(2000, 10, 20, 1));
+        assert!(!gpu_worthwhile(1 << 12, 1 << 12, 1, 1));
+        assert!(!gpu_worthwhile(4096, 1, 4096, 1));
+        assert!(!gpu_worthwhile(127, 128, 128, 1));
+        assert!(gpu_worthwhile(128, 128, 128, 1));
+        assert!(!gpu_worthwhile(64, 64, 64, 1));
+        assert!(gpu_worthwhile(64, 64, 64, 8));
+        assert!(gpu_worthwhile(32, 32, 32, 256));
+        assert!(!gpu_worthwhile(16, 16, 16, 1024));
+    }
 }
