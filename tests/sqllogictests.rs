@@ -60,6 +60,33 @@ fn cell(col: &ArrayRef, row: usize) -> Result<String, DataFusionError> {
     })
 }
 
+/// A row whose last cell has several lines (an EXPLAIN plan) as one row per
+/// line, the other cells on the first only, and each line's indentation
+/// written as `-` (sqllogictest folds white space): as DataFusion's own
+/// `.slt` files show plans.
+fn plan_lines(row: Vec<String>) -> Vec<Vec<String>> {
+    let Some((last, first)) = row.split_last() else {
+        return vec![row];
+    };
+    if !last.contains('\n') {
+        return vec![row];
+    }
+    last.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, line)| {
+            let text = line.trim_start();
+            let indent = "-".repeat(line.len() - text.len());
+            let mut out: Vec<String> = match i {
+                0 => first.to_vec(),
+                _ => vec![String::new(); first.len()],
+            };
+            out.push(format!("{indent}{text}"));
+            out
+        })
+        .collect()
+}
+
 fn column_type(t: &DataType) -> DefaultColumnType {
     match t {
         t if t.is_floating() || matches!(t, DataType::Decimal128(..)) => {
@@ -95,13 +122,12 @@ impl sqllogictest::AsyncDB for Grad {
         let mut rows = Vec::new();
         for batch in &batches {
             for r in 0..batch.num_rows() {
-                rows.push(
-                    batch
-                        .columns()
-                        .iter()
-                        .map(|c| cell(c, r))
-                        .collect::<Result<Vec<_>, _>>()?,
-                );
+                let row = batch
+                    .columns()
+                    .iter()
+                    .map(|c| cell(c, r))
+                    .collect::<Result<Vec<_>, _>>()?;
+                rows.extend(plan_lines(row));
             }
         }
         Ok(DBOutput::Rows { types, rows })

@@ -152,6 +152,7 @@ impl<'a> Workspace<'a> {
         // Taken first: nested markers in `f` are differentiated below.
         let hints = std::mem::take(&mut self.nulls_like);
         self.refuse_integer_only_functions(f, wrt)?;
+        refuse_bitwise(f, wrt)?;
         let promoted = promote_variables(f, wrt, &self.columns, self.schema)?;
         let root = self.intern(&promoted)?;
         // Typed node by node: DataFusion's own `get_type` on a deep `f` is
@@ -614,6 +615,40 @@ impl Workspace<'_> {
         })?;
         Ok(())
     }
+}
+
+/// Refuses `f` when a bitwise operator reads a variable. DataFusion's `^` is
+/// bitwise XOR, not a power: `(2 * x - 1) ^ 2` casts its operand to an
+/// integer, so it would be differentiated as a step function (0) where the
+/// writer almost surely meant `power(2 * x - 1, 2)`.
+fn refuse_bitwise(f: &Expr, wrt: &[Column]) -> Result<()> {
+    f.apply(|e| {
+        if as_marker(e).is_some() {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        let Expr::BinaryExpr(b) = e else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        let bitwise = matches!(
+            b.op,
+            Operator::BitwiseXor
+                | Operator::BitwiseAnd
+                | Operator::BitwiseOr
+                | Operator::BitwiseShiftLeft
+                | Operator::BitwiseShiftRight
+        );
+        if bitwise && e.column_refs().iter().any(|c| wrt.contains(c)) {
+            let hint = match b.op {
+                Operator::BitwiseXor => {
+                    "it is a bitwise operator on integers, and `^` is bitwise XOR in                      DataFusion: for a power write power(a, b)"
+                }
+                _ => "it is a bitwise operator on integers",
+            };
+            return Err(GradError::non_differentiable(&b.op.to_string(), hint).into());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(())
 }
 
 /// Replaces each non-Float64 variable by `CAST(x AS DOUBLE)` and re-coerces `f`.

@@ -18,9 +18,10 @@
 //! cotangents; a vector broadcast over a matrix's rows (a bias) the sum of
 //! the rows' (`col_sum`). Functions that are piecewise constant (`argmax`,
 //! `tensor_step`) or constant (`zeros_like`) have zero partials. The fused
-//! helper products (`softmax_vjp`, `cross_entropy_grad`, …) have no rules, so
-//! differentiating through a derivative of `softmax`, `log_softmax`,
-//! `logsumexp` or `cross_entropy` (second order) is refused with a
+//! helper products (`softmax_vjp`, `log_softmax_vjp`, `cross_entropy_grad`)
+//! have no rules, so a second derivative through `softmax`, `log_softmax`
+//! or `cross_entropy`, or a third through `logsumexp` (whose derivative is
+//! `softmax`, so its second derivative works), is refused with a
 //! `non_differentiable` error rather than computed wrongly.
 
 use datafusion::error::Result;
