@@ -25,6 +25,8 @@ mod cuda;
 mod export;
 #[path = "properties.rs"]
 mod properties;
+#[path = "readme.rs"]
+mod readme;
 #[path = "substrait.rs"]
 mod substrait;
 #[path = "tensor_properties.rs"]
