@@ -1,113 +1,14 @@
 //! End-to-end tests of the `dfgrad` command-line tool.
 
-use std::io::{Read, Write};
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
-use crate::common::{dfgrad, dfgrad_ok};
-
-/// Runs `dfgrad` with `args` and `input` piped into its stdin. Without
-/// `RUST_BACKTRACE`, with which dfgrad also prints Rust's panic report.
-fn dfgrad_piped(args: &[&str], input: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dfgrad"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("failed to run dfgrad");
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    // dfgrad stops reading at a failing statement, which may close the pipe.
-    let _ = stdin.write_all(input.as_bytes());
-    drop(stdin);
-    child.wait_with_output().expect("failed to wait for dfgrad")
-}
-
-/// The (stdout, stderr) of `output`.
-fn streams(output: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-/// Runs `dfgrad` with `args` in its interactive shell, on a terminal that
-/// util-linux's `script` provides. Types each line of `steps` and waits
-/// until the terminal shows its text (a line is typed only once the one
-/// before has run: the line editor may drop input typed ahead), then `\q`.
-/// Returns what the terminal showed.
-fn dfgrad_interactive(args: &[&str], steps: &[(&str, &str)]) -> String {
-    let command = format!("'{}' {}", env!("CARGO_BIN_EXE_dfgrad"), args.join(" "));
-    let mut child = Command::new("script")
-        .args(["-q", "-e", "-c", &command, "/dev/null"])
-        .env_remove("RUST_BACKTRACE")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("failed to run script (util-linux)");
-    let shown = Arc::new(Mutex::new(String::new()));
-    let mut stdout = child.stdout.take().expect("stdout is piped");
-    let reader = {
-        let shown = Arc::clone(&shown);
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = stdout.read(&mut buf) {
-                let text = String::from_utf8_lossy(&buf[..n]);
-                shown.lock().unwrap().push_str(&text);
-            }
-        })
-    };
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    for (line, expected) in steps {
-        let before = shown.lock().unwrap().len();
-        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while !shown.lock().unwrap()[before..].contains(expected) {
-            let now = shown.lock().unwrap().clone();
-            assert!(child.try_wait().unwrap().is_none(), "dfgrad exited: {now}");
-            assert!(
-                Instant::now() < deadline,
-                "no {expected:?} after {line:?}: {now}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    stdin.write_all(b"\\q\n").unwrap();
-    drop(stdin);
-    let status = child.wait().unwrap();
-    reader.join().unwrap();
-    let shown = shown.lock().unwrap().clone();
-    assert!(status.success(), "{shown}");
-    shown
-}
-
-/// Asserts that `stderr` is one `Error: ` line, without Rust's panic report.
-fn assert_one_error_line(stderr: &str) {
-    assert!(stderr.starts_with("Error: "), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(!stderr.contains("panicked at"), "{stderr}");
-}
+use crate::common::{
+    assert_one_error_line, dfgrad_ok, interactive, path_str, piped, piped_in, run,
+};
 
 /// Runs `dfgrad` with `args`, asserts failure and returns its (stdout, stderr).
 fn dfgrad_err(args: &[&str]) -> (String, String) {
-    let output = dfgrad(args);
-    assert!(
-        !output.status.success(),
-        "dfgrad {args:?} unexpectedly succeeded: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("temp path is not UTF-8")
+    let run = run(args);
+    run.fails();
+    (run.stdout, run.stderr)
 }
 
 #[test]
@@ -264,9 +165,8 @@ fn directory_without_data_or_with_mixed_extensions_is_refused() {
     std::fs::remove_file(dir.path().join("a.csv")).unwrap();
     std::fs::remove_file(dir.path().join("b.csv")).unwrap();
     std::fs::write(dir.path().join("d.ndjson"), "{\"x\": 4.0}\n").unwrap();
-    let output = dfgrad_piped(&["--table", &table], "SELECT sum(x) FROM points");
-    let (_, err) = streams(&output);
-    assert!(!output.status.success(), "{err}");
+    let run = piped(&["--table", &table], "SELECT sum(x) FROM points");
+    let err = run.fails();
     assert!(err.contains("1 .json, 1 .ndjson"), "{err}");
 }
 
@@ -280,10 +180,8 @@ fn json_writes_nan_and_infinities_as_strings() {
     let row = r#"{"d":"inf","n":"NaN","m":"-inf","z":null,"l":[0.0,"inf"]}"#;
     let out = dfgrad_ok(&["--format", "json", "-c", sql]);
     assert_eq!(out, format!("[{row}]\n"));
-    let output = dfgrad_piped(&["--format", "ndjson"], sql);
-    let (out, err) = streams(&output);
-    assert!(output.status.success(), "{err}");
-    assert_eq!(out, format!("{row}\n"));
+    let out = piped(&["--format", "ndjson"], sql);
+    assert_eq!(out.ok(), format!("{row}\n"));
 }
 
 /// Issue 21 (8): a corrupt Parquet file makes the Parquet reader panic; that
@@ -294,10 +192,8 @@ fn panic_in_a_reader_is_an_error() {
     let parquet = dir.path().join("b.parquet");
     std::fs::write(&parquet, "PAR1garbagePAR1").unwrap();
     let table = format!("p={}", path_str(&parquet));
-    let output = dfgrad_piped(&["--table", &table, "-c", "SELECT 1"], "");
-    let (_, err) = streams(&output);
-    assert!(!output.status.success(), "{err}");
-    assert_one_error_line(&err);
+    let run = run(&["--table", &table, "-c", "SELECT 1"]);
+    let err = run.fails();
     assert!(err.contains("cannot register table 'p'"), "{err}");
     assert!(err.contains("panic"), "{err}");
 
@@ -308,16 +204,14 @@ fn panic_in_a_reader_is_an_error() {
          SELECT 2 AS after;\n",
         path_str(&parquet)
     );
-    let output = dfgrad_piped(&["--format", "csv"], &script);
-    let (out, err) = streams(&output);
-    assert!(!output.status.success(), "{out}");
-    assert_eq!(out, "before\n1\n");
-    assert_one_error_line(&err);
+    let run = piped(&["--format", "csv"], &script);
+    let err = run.fails();
+    assert_eq!(run.stdout, "before\n1\n");
     assert!(err.contains("panic"), "{err}");
 
     // the interactive shell reports it and takes the next statement
     let lines: Vec<&str> = script.lines().collect();
-    let shown = dfgrad_interactive(
+    let shown = interactive(
         &["--format", "csv"],
         &[
             (lines[0], "before\r\n1\r\n"),
@@ -337,23 +231,19 @@ fn panic_in_a_reader_is_an_error() {
 /// exit status.
 #[test]
 fn piped_statements_run_like_a_file() {
-    let output = dfgrad_piped(
+    let run = piped(
         &["--format", "csv"],
         "SELECT 'a;' AS first; -- a comment; with a semicolon\nSELECT\n  2 AS last",
     );
-    let (out, err) = streams(&output);
-    assert!(output.status.success(), "{err}");
-    assert_eq!(out, "first\na;\nlast\n2\n");
+    assert_eq!(run.ok(), "first\na;\nlast\n2\n");
 
     for script in [
         "SELECT 1 AS first;\nSELEC 2;\nSELECT 3 AS after;\n",
         "SELECT 1 AS first;\nSELECT * FROM missing",
     ] {
-        let output = dfgrad_piped(&["--format", "csv"], script);
-        let (out, err) = streams(&output);
-        assert!(!output.status.success(), "{script}: {out}");
-        assert_eq!(out, "first\n1\n", "{script}");
-        assert_one_error_line(&err);
+        let run = piped(&["--format", "csv"], script);
+        run.fails();
+        assert_eq!(run.stdout, "first\n1\n", "{script}");
     }
 }
 
@@ -375,9 +265,7 @@ fn grad_errors_are_one_line_starting_with_their_kind() {
         ),
     ] {
         let (_, err) = dfgrad_err(&["-c", sql]);
-        let output = dfgrad_piped(&[], sql);
-        let (_, piped) = streams(&output);
-        assert!(!output.status.success(), "{piped}");
+        let piped = piped(&[], sql).fails().to_string();
         for err in [err, piped] {
             assert_one_error_line(&err);
             assert!(err.starts_with(start), "{err}");
@@ -551,4 +439,447 @@ fn logistic_regression_reaches_newton_optimum() {
     }
     assert!((cols[1] - w).abs() < 1e-4, "w = {} vs Newton {w}", cols[1]);
     assert!((cols[2] - b).abs() < 1e-4, "b = {} vs Newton {b}", cols[2]);
+}
+
+/// Issue 26: the README's 30-second query, which reads `VALUES`.
+const THIRTY_SECONDS: &str =
+    "SELECT x, grad(x * x * y, x) AS dx, grad(x * x * y, x, y)['y'] AS dy, \
+     grad(grad(sin(x), x), x) AS d2 FROM (VALUES (3.0, 2.0), (1.0, -1.0)) AS t(x, y)";
+
+/// Issue 26: a query reading `VALUES` is exported for every dialect, as a
+/// `VALUES` list; the DataFusion export runs to the same numbers.
+#[test]
+fn rewrite_exports_values_for_every_dialect() {
+    for dialect in ["datafusion", "duckdb", "postgres", "sqlite", "generic"] {
+        let out = dfgrad_ok(&["--rewrite", dialect, "-c", THIRTY_SECONDS]);
+        assert!(out.contains("(VALUES ("), "{dialect}: {out}");
+        assert!(!out.contains("grad("), "{dialect}: {out}");
+        // the placeholder the unparser printed is replaced by the list
+        assert!(!out.contains("FROM __dfgrad_values"), "{dialect}: {out}");
+    }
+    let exported = dfgrad_ok(&["--rewrite", "datafusion", "-c", THIRTY_SECONDS]);
+    let original = dfgrad_ok(&["--format", "csv", "-c", THIRTY_SECONDS]);
+    assert_eq!(
+        dfgrad_ok(&["--format", "csv", "-c", &exported]),
+        original,
+        "{exported}"
+    );
+    assert_eq!(
+        original,
+        "x,dx,dy,d2\n3.0,12.0,9.0,-0.1411200080598672\n1.0,-2.0,1.0,-0.8414709848078965\n"
+    );
+
+    // INSERT … SELECT over a VALUES list
+    let out = dfgrad_ok(&[
+        "--rewrite",
+        "postgres",
+        "-c",
+        "CREATE TABLE t (x DOUBLE, d DOUBLE); INSERT INTO t \
+         SELECT v.x, grad(v.x * v.x, v.x) FROM (VALUES (1.0, 0.0), (2.0, 0.0)) v(x, z)",
+    ]);
+    assert!(
+        out.contains(
+            "(VALUES (CAST(1.0 AS DOUBLE PRECISION), CAST(0.0 AS DOUBLE PRECISION)), \
+             (CAST(2.0 AS DOUBLE PRECISION), CAST(0.0 AS DOUBLE PRECISION)))"
+        ),
+        "{out}"
+    );
+}
+
+/// Issue 26: what cannot be exported is refused in one readable sentence,
+/// as are the flag's misuses.
+#[test]
+fn rewrite_refusals_are_one_readable_sentence() {
+    for (args, expected) in [
+        (
+            vec![
+                "--rewrite",
+                "sqlite",
+                "-c",
+                "SELECT grad(x * y, x, y) AS g FROM (VALUES (1.0, 2.0)) t(x, y)",
+            ],
+            "Error: [unexportable] ",
+        ),
+        (
+            vec!["--rewrite", "oracle", "-c", "SELECT 1"],
+            "unknown SQL dialect `oracle`",
+        ),
+        (vec!["--rewrite", "duckdb"], "--rewrite needs -c or -f"),
+    ] {
+        let err = run(&args).fails().to_string();
+        assert!(err.contains(expected), "{args:?}: {err}");
+        for dump in [" { ", "Some(", "Column {", "LogicalPlan"] {
+            assert!(!err.contains(dump), "{args:?}: {err}");
+        }
+    }
+}
+
+/// Issue 26: CSV and TSV cells of struct (several-variable `grad`) and
+/// tensor columns hold their values as JSON text.
+#[test]
+fn csv_and_tsv_write_structs_and_tensors_as_json() {
+    let sql = "SELECT grad(x * x * y, x, y) AS g, tensor([x, y], 2) AS t, \
+               CAST(NULL AS DOUBLE) AS n FROM (VALUES (3.0, 2.0)) v(x, y)";
+    assert_eq!(
+        dfgrad_ok(&["--format", "csv", "-c", sql]),
+        "g,t,n\n\"{\"\"x\"\":12.0,\"\"y\"\":9.0}\",\"[3.0,2.0]\",\n"
+    );
+    assert_eq!(
+        dfgrad_ok(&["--format", "tsv", "-c", sql]),
+        "g\tt\tn\n\"{\"\"x\"\":12.0,\"\"y\"\":9.0}\"\t[3.0,2.0]\t\n"
+    );
+    // a matrix, with NaN written as JSON writes it
+    let out = dfgrad_ok(&[
+        "--format",
+        "csv",
+        "-c",
+        "SELECT tensor([1.0, CAST('NaN' AS DOUBLE), 3.0, 4.0], 2, 2) AS m",
+    ]);
+    assert_eq!(out, "m\n\"[[1.0,\"\"NaN\"\"],[3.0,4.0]]\"\n");
+}
+
+/// Issue 26: `automatic` (the default) prints a table; a source marked
+/// unbounded has its rows streamed as CSV as they arrive.
+#[test]
+fn automatic_format_prints_tables_and_streams_unbounded_sources() {
+    let out = dfgrad_ok(&["-q", "-c", "SELECT 1 AS one"]);
+    assert_eq!(out, "+-----+\n| one |\n+-----+\n| 1   |\n+-----+\n");
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("s.csv");
+    std::fs::write(&csv, "x\n1.0\n3.0\n").unwrap();
+    let create = format!(
+        "CREATE UNBOUNDED EXTERNAL TABLE s (x DOUBLE) STORED AS CSV LOCATION '{}' \
+         OPTIONS ('format.has_header' 'true')",
+        path_str(&csv)
+    );
+    let out = dfgrad_ok(&["-c", &create, "-c", "SELECT x, grad(x * x, x) AS d FROM s"]);
+    assert_eq!(out, "x,d\n1.0,2.0\n3.0,6.0\n");
+}
+
+/// Issue 26: a table shows at most `--maxrows` rows (40 by default, `inf`
+/// for all), and says how many were fetched; other formats print all.
+#[test]
+fn maxrows_limits_the_rows_a_table_shows() {
+    let sql = "SELECT value FROM generate_series(1, 100)";
+    let run_with = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["-c", sql]);
+        let run = run(&all);
+        run.ok();
+        run
+    };
+    let rows = |out: &str| out.lines().filter(|l| l.starts_with("| ")).count();
+    let default = run_with(&[]);
+    // the header, 40 rows and three rows of dots
+    assert_eq!(rows(&default.stdout), 44, "{}", default.stdout);
+    assert!(default
+        .stdout
+        .contains("| 40    |\n| .     |\n| .     |\n| .     |\n+-------+"));
+    assert!(
+        default
+            .stderr
+            .starts_with("100 row(s) fetched. (First 40 displayed. Use --maxrows to adjust.)"),
+        "{}",
+        default.stderr
+    );
+    assert_eq!(rows(&run_with(&["--maxrows", "3"]).stdout), 7);
+    let all = run_with(&["--maxrows", "inf"]);
+    assert_eq!(rows(&all.stdout), 101);
+    assert!(
+        all.stderr.starts_with("100 row(s) fetched. Elapsed"),
+        "{}",
+        all.stderr
+    );
+    let none = run_with(&["--maxrows", "0"]);
+    assert_eq!(none.stdout, "");
+    assert_eq!(
+        run_with(&["--maxrows", "3", "--format", "csv"])
+            .stdout
+            .lines()
+            .count(),
+        101
+    );
+    let err = run(&["--maxrows", "some", "-c", sql]).fails().to_string();
+    assert!(err.contains("expected a number of rows or inf"), "{err}");
+}
+
+/// Issue 26: `-b` sets DataFusion's batch size; 0 is refused.
+#[test]
+fn batch_size_sets_the_execution_batch_size() {
+    let out = dfgrad_ok(&[
+        "-b",
+        "7",
+        "--format",
+        "csv",
+        "-c",
+        "SHOW datafusion.execution.batch_size",
+        "-c",
+        "SELECT count(*) AS n, max(grad(value * value, value)) AS d FROM generate_series(1, 20)",
+    ]);
+    assert_eq!(
+        out,
+        "name,value\ndatafusion.execution.batch_size,7\nn,d\n20,40.0\n"
+    );
+    let err = run(&["--batch-size", "0", "-c", "SELECT 1"])
+        .fails()
+        .to_string();
+    assert!(
+        err.contains("expected a positive number of rows, got '0'"),
+        "{err}"
+    );
+}
+
+/// Issue 26: `-m` bounds DataFusion's memory pool and the results held for
+/// printing; exhausting it is one error line with a hint.
+#[test]
+fn memory_limit_bounds_queries() {
+    let sql = "SELECT value, grad(value * value, value) AS d FROM generate_series(1, 200000)";
+    let out = dfgrad_ok(&[
+        "-m",
+        "64m",
+        "--format",
+        "csv",
+        "-c",
+        &format!("SELECT count(*) AS n FROM ({sql})"),
+    ]);
+    assert_eq!(out, "n\n200000\n");
+    let err = run(&["-m", "64k", "--format", "csv", "-c", sql])
+        .fails()
+        .to_string();
+    assert!(err.contains("Resources exhausted"), "{err}");
+    assert!(
+        err.contains("hint: raise dfgrad's memory limit (-m/--memory-limit)"),
+        "{err}"
+    );
+    for (args, expected) in [
+        (
+            vec!["-m", "10x", "-c", "SELECT 1"],
+            "expected a size such as 512m or 2g",
+        ),
+        (
+            vec!["--memory-limit", "0", "-c", "SELECT 1"],
+            "is zero or too large",
+        ),
+        (
+            vec![
+                "--ballista",
+                "df://127.0.0.1:1",
+                "-m",
+                "1g",
+                "-c",
+                "SELECT 1",
+            ],
+            "with --ballista the queries run on the cluster's executors",
+        ),
+    ] {
+        let err = run(&args).fails().to_string();
+        assert!(err.contains(expected), "{args:?}: {err}");
+    }
+}
+
+/// Issue 26: `-p` runs in a directory, and files are queried directly
+/// (`FROM 'points.csv'`, DataFusion's dynamic file catalog).
+#[test]
+fn data_path_and_querying_files_directly() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("points.csv"), "x,y\n1.0,2.0\n3.0,4.0\n").unwrap();
+    let out = dfgrad_ok(&[
+        "-p",
+        path_str(dir.path()),
+        "--format",
+        "csv",
+        "-c",
+        "SELECT x, grad(x * x * y, x) AS d FROM 'points.csv' ORDER BY x",
+    ]);
+    assert_eq!(out, "x,d\n1.0,4.0\n3.0,24.0\n");
+    // --table paths and -f files are read from there too
+    std::fs::write(dir.path().join("q.sql"), "SELECT sum(y) AS s FROM p;").unwrap();
+    let out = dfgrad_ok(&[
+        "--data-path",
+        path_str(dir.path()),
+        "--table",
+        "p=points.csv",
+        "--format",
+        "csv",
+        "-f",
+        "q.sql",
+    ]);
+    assert_eq!(out, "s\n6.0\n");
+    // a query of a file from the shell's working directory
+    let out = piped_in(
+        Some(dir.path()),
+        &["--format", "csv"],
+        "SELECT count(*) AS n FROM 'points.csv';",
+    );
+    assert_eq!(out.ok(), "n\n2\n");
+
+    let err = run(&["-p", "/no/such/dir", "-c", "SELECT 1"])
+        .fails()
+        .to_string();
+    assert!(err.contains("'/no/such/dir' is not a directory"), "{err}");
+    let err = run(&[
+        "-p",
+        path_str(dir.path()),
+        "-c",
+        "SELECT * FROM 'missing.csv'",
+    ])
+    .fails()
+    .to_string();
+    assert!(err.contains("missing.csv"), "{err}");
+}
+
+/// Issue 26: `SHOW TABLES`, `SHOW COLUMNS` and `information_schema` work
+/// without configuring anything.
+#[test]
+fn information_schema_is_on() {
+    let out = dfgrad_ok(&[
+        "--format",
+        "csv",
+        "-c",
+        "CREATE TABLE points (x DOUBLE, y DOUBLE)",
+        "-c",
+        "SHOW TABLES",
+        "-c",
+        "SHOW COLUMNS FROM points",
+        "-c",
+        "SELECT column_name FROM information_schema.columns WHERE table_name = 'points' ORDER BY column_name",
+    ]);
+    assert!(out.contains("datafusion,public,points,BASE TABLE"), "{out}");
+    assert!(out.contains("datafusion,public,points,x,"), "{out}");
+    assert!(out.ends_with("column_name\nx\ny\n"), "{out}");
+}
+
+/// Issue 26: `-r` files run first (statements and meta-commands); without
+/// `-r`, `~/.dfgradrc` runs before piped input or the shell (not before
+/// `-c`/`-f`).
+#[test]
+fn rc_files_run_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let rc = dir.path().join("setup.sql");
+    std::fs::write(&rc, "CREATE TABLE t AS VALUES (2.0);\n\\pset format csv\n").unwrap();
+    let out = dfgrad_ok(&[
+        "-r",
+        path_str(&rc),
+        "-c",
+        "SELECT grad(column1 * column1, column1) AS d FROM t",
+    ]);
+    assert_eq!(out, "Output format is csv.\nd\n4.0\n");
+
+    std::fs::copy(&rc, dir.path().join(".dfgradrc")).unwrap();
+    let out = piped_in(Some(dir.path()), &[], "SELECT column1 AS x FROM t;");
+    assert_eq!(out.ok(), "Output format is csv.\nx\n2.0\n");
+    let err = piped_in(Some(dir.path()), &["-c", "SELECT column1 FROM t"], "");
+    assert!(err.fails().contains("t"), "{}", err.stderr);
+
+    let err = run(&["-r", "/no/such.rc", "-c", "SELECT 1"])
+        .fails()
+        .to_string();
+    assert!(err.contains("cannot read '/no/such.rc'"), "{err}");
+    std::fs::write(&rc, "\\bogus\n").unwrap();
+    let err = run(&["-r", path_str(&rc), "-c", "SELECT 1"])
+        .fails()
+        .to_string();
+    assert!(err.contains("unknown meta-command '\\bogus'"), "{err}");
+}
+
+/// Issue 26: meta-commands in piped input, datafusion-cli's: `\?`, `\d`,
+/// `\d NAME`, `\h`, `\h NAME`, `\quiet`, `\pset format`, `\q`.
+#[test]
+fn meta_commands_through_a_pipe() {
+    let input = "\\?\n\
+                 CREATE TABLE points (x DOUBLE, y DOUBLE);\n\
+                 \\d\n\
+                 \\d points\n\
+                 \\h\n\
+                 \\h grad\n\
+                 \\h matmul\n\
+                 \\h sqrt\n\
+                 \\quiet\n\
+                 \\pset format json\n\
+                 SELECT 1 AS one; -- a comment after the statement\n\
+                 \\q\n\
+                 SELECT 2 AS never;\n";
+    let run = piped(&["--format", "csv"], input);
+    let out = run.ok();
+    for expected in [
+        "command,description\n",
+        "\\d NAME,describe table NAME (SHOW COLUMNS FROM NAME)\n",
+        "datafusion,public,points,BASE TABLE\n",
+        "datafusion,public,points,y,",
+        "function,kind,description\ngrad,scalar,",
+        "\ntensor_avg,aggregate,",
+        "grad(f, x) | grad(f, x1, x2, …) (scalar function)\n",
+        "matmul(",
+        "sqrt(",
+        "Quiet mode is false.\n",
+        "Output format is json.\n[{\"one\":1}]\n",
+    ] {
+        assert!(out.contains(expected), "{expected:?} not in {out}");
+    }
+    assert!(!out.contains("never"), "{out}");
+
+    // each refused meta-command: one error line, and the run stops
+    for (line, expected) in [
+        ("\\x", "Error: unknown meta-command '\\x': \\? lists the meta-commands"),
+        ("\\h nosuch", "Error: there is no function named 'nosuch'"),
+        ("\\pset format xml", "Error: unknown output format 'xml': expected one of automatic, table, csv, tsv, json, ndjson"),
+        ("\\pset border 2", "Error: \\pset takes `format FORMAT`, not 'border 2'"),
+        ("\\quiet maybe", "Error: \\quiet takes true or false, not 'maybe'"),
+        ("\\q now", "Error: \\q takes no argument, not 'now'"),
+        ("\\d missing", "Error: "),
+    ] {
+        let run = piped(&["--format", "csv"], &format!("{line}\nSELECT 1 AS after;\n"));
+        let err = run.fails();
+        assert!(err.starts_with(expected), "{line}: {err}");
+        assert_eq!(run.stdout, "", "{line}");
+    }
+}
+
+/// Issue 26: the same meta-commands in the interactive shell (on a
+/// terminal), where a refused one is reported and the shell goes on.
+#[test]
+fn meta_commands_in_the_shell() {
+    let shown = interactive(
+        &["--format", "csv"],
+        &[
+            ("\\?", "\\q,quit dfgrad"),
+            (
+                "CREATE TABLE points (x DOUBLE); SELECT 'made' AS status;",
+                "status\r\nmade\r\n",
+            ),
+            ("\\d", "points,BASE TABLE"),
+            ("\\d points", "points,x,"),
+            ("\\h", "tensor_avg,aggregate,"),
+            ("\\h vjp", "vjp(f, x1, u [, x2 …])"),
+            ("\\x", "Error: unknown meta-command '\\x'"),
+            ("\\pset format tsv", "Output format is tsv."),
+            ("SELECT 1 AS a, 2 AS b;", "a\tb\r\n1\t2\r\n"),
+        ],
+    );
+    assert!(!shown.contains("panicked"), "{shown}");
+}
+
+/// Issue 26: every refused flag value is one `Error: ` line (clap's usage
+/// text folded), with exit status 2.
+#[test]
+fn refused_flags_are_one_line() {
+    for (args, expected) in [
+        (
+            vec!["--format", "xml"],
+            "invalid value 'xml' for '--format <FORMAT>'",
+        ),
+        (vec!["--bogus"], "unexpected argument '--bogus'"),
+        (
+            vec!["--table", "nopath"],
+            "expected NAME=PATH, got 'nopath'",
+        ),
+        (vec!["-b"], "a value is required for '--batch-size <N>'"),
+    ] {
+        let run = run(&args);
+        let err = run.fails();
+        assert_eq!(run.status.code(), Some(2), "{args:?}");
+        assert!(err.contains(expected), "{args:?}: {err}");
+        assert!(err.ends_with("(dfgrad --help lists the options)"), "{err}");
+    }
+    assert!(dfgrad_ok(&["--help"]).contains("--memory-limit <SIZE>"));
 }

@@ -30,6 +30,8 @@ mod families;
 mod layers;
 #[path = "properties.rs"]
 mod properties;
+#[path = "readme.rs"]
+mod readme;
 #[path = "sizes.rs"]
 mod sizes;
 #[path = "substrait.rs"]

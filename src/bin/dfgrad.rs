@@ -2,7 +2,7 @@
 //!
 //! Every session is a [`datafusion_grad::session_context`], so the `grad`,
 //! `jvp` and `vjp` SQL functions are available next to everything DataFusion
-//! offers. The flags follow `datafusion-cli`'s conventions.
+//! offers. The flags, meta-commands and output formats follow `datafusion-cli`'s.
 //!
 //! # Usage
 //!
@@ -11,7 +11,21 @@
 //!
 //!   -c, --command <SQL>      Run SQL (repeatable; several `;`-separated statements allowed)
 //!   -f, --file <FILE>        Run the statements in FILE (repeatable)
-//!       --format <FORMAT>    Output format: table (default), csv, json, ndjson
+//!   -r, --rc <FILE>          Run the statements and meta-commands of FILE first
+//!                            (repeatable); without -r, ~/.dfgradrc (if it exists)
+//!                            runs before piped input or the interactive shell
+//!       --format <FORMAT>    Output format: automatic (default: a table; the rows of
+//!                            an unbounded source streamed as CSV), table, csv, tsv,
+//!                            json, ndjson
+//!       --maxrows <N|inf>    The most rows a table shows (default 40)
+//!   -b, --batch-size <N>     Rows per batch of query execution
+//!   -m, --memory-limit <SIZE>
+//!                            Memory limit of query execution (e.g. 512m, 2g), for
+//!                            DataFusion's memory pool and the results held to print
+//!       --mem-pool-type <TYPE>
+//!                            greedy (default) or fair (operators that can spill share
+//!                            the pool fairly)
+//!   -p, --data-path <DIR>    Run in DIR: relative paths are read from it
 //!       --table <NAME=PATH>  Register a file, or a directory of files (a partitioned
 //!                            data set), as table NAME (repeatable); the format is
 //!                            taken from the extension: .csv, .parquet, .json/.ndjson
@@ -39,13 +53,19 @@
 //!                            an in-process one (standalone); needs the `ballista` feature
 //! ```
 //!
-//! All `-c` commands run first, in order, then all `-f` files, in order. Execution
-//! stops at the first failing statement: the message is printed to stderr on one
-//! line as `Error: <message>` (for datafusion-grad's refusals `Error: [kind] …`)
-//! and the exit status is non-zero. Statements are split at `;`, except inside
-//! quoted strings/identifiers and comments; the last one needs no `;`; empty
-//! statements are skipped. A panic in DataFusion or a file reader (e.g. on a corrupt
-//! Parquet file) is such an error too, not a crash.
+//! Sessions have `information_schema` (`SHOW TABLES`, `SHOW COLUMNS FROM t`)
+//! and DataFusion's dynamic file catalog: `SELECT * FROM 'data.parquet'` (or a
+//! `.csv`, `.json` file, or a directory `'dir/'`) reads the file without
+//! registering it. DataFusion's settings are also read from `DATAFUSION_*`
+//! environment variables, as datafusion-cli does.
+//!
+//! The rc files run first, then all `-c` commands, in order, then all `-f`
+//! files, in order. Execution stops at the first failing statement: the message
+//! is printed to stderr on one line as `Error: <message>` (for datafusion-grad's
+//! refusals `Error: [kind] …`) and the exit status is non-zero. Statements are
+//! split at `;`, except inside quoted strings/identifiers and comments; the last
+//! one needs no `;`; empty statements are skipped. A panic in DataFusion or a
+//! file reader (e.g. on a corrupt Parquet file) is such an error too, not a crash.
 //!
 //! Without `-c` and `-f`, with stdin piped (not a terminal), the statements read
 //! from stdin run like a `-f` file, each as soon as its `;` is read.
@@ -56,13 +76,23 @@
 //! a running query. Errors (panics included) are printed and the shell goes on.
 //! History is kept in memory only.
 //!
-//! Results are written to stdout. In `table` mode a summary line with the row count
-//! and elapsed time goes to stderr (unless `--quiet`); statements without result
-//! columns (e.g. `CREATE TABLE`) print no table. In `csv`, `json` and `ndjson` modes
-//! only the data is printed, and statements without result columns print nothing.
-//! (DataFusion's `INSERT` returns a one-row `count` result, which is printed.)
-//! JSON has no NaN or infinities: `json` and `ndjson` write them as the strings
-//! `"NaN"`, `"inf"` and `"-inf"` (as `table` and `csv` print them), SQL NULL as `null`.
+//! In the shell, in piped input and in rc files, a line starting with `\` where a
+//! statement would start is a meta-command: `\?` (list them), `\q` (quit), `\d`
+//! (list tables), `\d NAME` (describe a table), `\h` (datafusion-grad's functions
+//! with a line of documentation each), `\h NAME` (a function's syntax,
+//! description and example), `\quiet [true|false]`, `\pset format FORMAT`.
+//!
+//! Results are written to stdout. In `table` mode (and `automatic`) at most
+//! `--maxrows` rows are shown (three rows of dots mark the rest), and a summary
+//! line with the row count and elapsed time goes to stderr (unless `--quiet`);
+//! statements without result columns (e.g. `CREATE TABLE`) print no table. In
+//! `csv`, `tsv`, `json` and `ndjson` modes only the data is printed, and
+//! statements without result columns print nothing. (DataFusion's `INSERT`
+//! returns a one-row `count` result, which is printed.) CSV and TSV cells of
+//! struct (several-variable `grad`), list and tensor columns hold their value
+//! as JSON text. JSON has no NaN or infinities: `json` and `ndjson` (and those
+//! cells) write them as the strings `"NaN"`, `"inf"` and `"-inf"` (as `table`
+//! and `csv` print them), SQL NULL as `null`.
 //!
 //! # Examples
 //!
@@ -79,6 +109,7 @@
 //!     -c "SELECT x, grad(sin(x), x) AS dsin FROM t"
 //!
 //! $ dfgrad --table points=data/points.csv --format ndjson -f analysis.sql
+//! $ dfgrad -p data -c "SELECT avg(grad(x * x, x)) FROM 'points.csv'"
 //!
 //! $ dfgrad --table t=t.csv --substrait plan.pb --substrait-profile acero \
 //!     -c "SELECT grad(avg((w * x - y) * (w * x - y)), w) AS dw FROM t GROUP BY w"
@@ -87,32 +118,42 @@
 //! $ dfgrad
 //! dfgrad> SELECT jvp(x * y, x, 1.0)
 //!    ...> FROM (VALUES (2.0, 5.0)) t(x, y);
+//! dfgrad> \h grad
 //! ```
 
-use std::any::Any;
-use std::collections::BTreeMap;
-use std::future::Future;
-use std::io::{self, BufRead, IsTerminal, Write};
-use std::panic::AssertUnwindSafe;
-use std::path::{Path, PathBuf};
-use std::process::ExitCode;
-use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Instant;
+// The root of a binary crate reads its modules from its own directory:
+// these live in src/bin/dfgrad/.
+#[path = "dfgrad/commands.rs"]
+mod commands;
+#[path = "dfgrad/print.rs"]
+mod print;
+#[path = "dfgrad/shell.rs"]
+mod shell;
+#[path = "dfgrad/tables.rs"]
+mod tables;
 
-use arrow::array::{Array, AsArray, Float64Array, RecordBatch};
-use arrow::datatypes::{DataType, FieldRef, Float64Type, SchemaRef};
-use arrow::error::ArrowError;
-use arrow::json::writer::{make_encoder, Encoder, EncoderFactory, EncoderOptions, NullableEncoder};
-use arrow::util::pretty::pretty_format_batches;
+use std::any::Any;
+use std::future::Future;
+use std::io::{self, IsTerminal};
+use std::num::NonZeroUsize;
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
 use clap::{Parser, ValueEnum};
-use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::error::DataFusionError;
-use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
+use datafusion::execution::memory_pool::{
+    FairSpillPool, GreedyMemoryPool, MemoryPool, TrackConsumersPool,
+};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_grad::export::{rewrite_sql, SqlDialect};
 use datafusion_grad::GradError;
 use futures::FutureExt;
-use rustyline::error::ReadlineError;
-use rustyline::DefaultEditor;
+
+use print::{parse_maxrows, Format, MaxRows, Printer};
+use shell::{split_statements, Flow, Shell};
 
 /// Stack size of the thread that parses, plans and differentiates statements:
 /// DataFusion recurses over expression trees, which overflows default stacks on
@@ -123,11 +164,9 @@ const SHELL_STACK_SIZE: usize = 256 * 1024 * 1024;
 /// deeply nested) physical expressions.
 const WORKER_STACK_SIZE: usize = 64 * 1024 * 1024;
 
-/// Prompt of the interactive shell.
-const PROMPT: &str = "dfgrad> ";
-
-/// Prompt for the continuation lines of a multi-line statement.
-const CONTINUATION_PROMPT: &str = "   ...> ";
+/// The rc file run before piped input or the shell when no `-r` is given,
+/// in the home directory.
+const DEFAULT_RC: &str = ".dfgradrc";
 
 /// Any error, printed as `Error: <message>`.
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -156,10 +195,41 @@ struct Args {
     #[arg(short = 'f', long = "file", value_name = "FILE")]
     files: Vec<PathBuf>,
 
-    /// Output format (json/ndjson write NaN and infinities as the strings
-    /// "NaN", "inf", "-inf", and NULL as null)
-    #[arg(long, value_enum, default_value_t = Format::Table)]
+    /// File of statements and meta-commands to run first (repeatable); without
+    /// -r, ~/.dfgradrc runs before piped input or the interactive shell
+    #[arg(short = 'r', long = "rc", value_name = "FILE")]
+    rc: Vec<PathBuf>,
+
+    /// Output format (automatic: a table, or the rows of an unbounded source
+    /// streamed as CSV; csv/tsv write struct and list cells as JSON; json/ndjson
+    /// write NaN and infinities as the strings "NaN", "inf", "-inf", and NULL
+    /// as null)
+    #[arg(long, value_enum, default_value_t = Format::Automatic)]
     format: Format,
+
+    /// The most rows a table shows: a number, or inf for all
+    #[arg(long, value_name = "N|inf", default_value = "40", value_parser = parse_maxrows)]
+    maxrows: MaxRows,
+
+    /// Rows per batch of query execution (DataFusion's
+    /// datafusion.execution.batch_size)
+    #[arg(short = 'b', long = "batch-size", value_name = "N", value_parser = parse_batch_size)]
+    batch_size: Option<usize>,
+
+    /// Memory limit of query execution, e.g. 512m or 2g (DataFusion's memory
+    /// pool; the results held for printing count too); no limit by default
+    #[arg(short = 'm', long = "memory-limit", value_name = "SIZE", value_parser = parse_memory_size)]
+    memory_limit: Option<usize>,
+
+    /// Memory pool with -m: greedy (first come, first served) or fair (each
+    /// spilling operator gets an equal share)
+    #[arg(long = "mem-pool-type", value_enum, default_value_t = PoolType::Greedy)]
+    mem_pool_type: PoolType,
+
+    /// Directory to run in: relative paths (of -f, --table and queried files)
+    /// are read from it
+    #[arg(short = 'p', long = "data-path", value_name = "DIR", value_parser = parse_data_path)]
+    data_path: Option<PathBuf>,
 
     /// Register a file or a directory of files as a table (repeatable);
     /// format by extension: .csv, .parquet, .json/.ndjson, .arrow/.ipc/.feather
@@ -216,22 +286,82 @@ impl Args {
     }
 }
 
+/// DataFusion's memory pools (`--mem-pool-type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PoolType {
+    /// First come, first served
+    Greedy,
+    /// An equal share for each operator that can spill
+    Fair,
+}
+
+/// The CLI's own refusals, each a one-sentence message.
+#[derive(Debug)]
+enum CliError {
+    /// A line starting with `\` that is no meta-command.
+    UnknownCommand(String),
+    /// A meta-command given an argument it does not take.
+    CommandArgument {
+        command: String,
+        expected: &'static str,
+        got: String,
+    },
+    /// `\h NAME` of a function the session does not have.
+    UnknownFunction(String),
+    /// `\pset format` of an unknown format.
+    UnknownFormat(String),
+    /// `automatic` output of a query over an unbounded source that produces
+    /// its result only at the end.
+    UnboundedFinalResult,
+    /// Flags that cannot go together.
+    Conflict(&'static str),
+    /// A file that cannot be read.
+    Read { path: PathBuf, reason: String },
+}
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CliError::UnknownCommand(line) => write!(
+                f,
+                "unknown meta-command '{line}': \\? lists the meta-commands"
+            ),
+            CliError::CommandArgument {
+                command,
+                expected,
+                got,
+            } => match got.is_empty() {
+                true => write!(f, "{command} takes {expected}"),
+                false => write!(f, "{command} takes {expected}, not '{got}'"),
+            },
+            CliError::UnknownFunction(name) => write!(
+                f,
+                "there is no function named '{name}': \\h lists datafusion-grad's functions, \
+                 SHOW FUNCTIONS all of them"
+            ),
+            CliError::UnknownFormat(name) => write!(
+                f,
+                "unknown output format '{name}': expected one of {}",
+                Format::all_names()
+            ),
+            CliError::UnboundedFinalResult => write!(
+                f,
+                "the query produces its result only once its source ends, but the source is \
+                 unbounded"
+            ),
+            CliError::Conflict(message) => write!(f, "{message}"),
+            CliError::Read { path, reason } => {
+                write!(f, "cannot read '{}': {reason}", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for CliError {}
+
 fn parse_dialect(s: &str) -> Result<SqlDialect, String> {
     s.parse()
         .map_err(|e: datafusion_grad::GradError| e.to_string())
-}
-
-/// Output format of query results.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
-    /// An ASCII table
-    Table,
-    /// CSV with a header line
-    Csv,
-    /// A JSON array of objects
-    Json,
-    /// One JSON object per line
-    Ndjson,
 }
 
 /// Parses a `--table` value of the form `NAME=PATH`.
@@ -244,8 +374,60 @@ fn parse_table_arg(value: &str) -> Result<(String, PathBuf), String> {
     }
 }
 
+/// Parses a `-b` value: a positive number of rows.
+fn parse_batch_size(value: &str) -> Result<usize, String> {
+    match value.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("expected a positive number of rows, got '{value}'")),
+    }
+}
+
+/// Parses a `-m` value: a number of bytes with an optional unit, `k`, `m`,
+/// `g` or `t` (powers of 1024; `kb`, `mb`, … too), as datafusion-cli does.
+fn parse_memory_size(value: &str) -> Result<usize, String> {
+    let lower = value.trim().to_ascii_lowercase();
+    let digits = lower.len() - lower.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+    let (number, unit) = lower.split_at(digits);
+    let shift = match unit {
+        "" | "b" => 0,
+        "k" | "kb" => 10,
+        "m" | "mb" => 20,
+        "g" | "gb" => 30,
+        "t" | "tb" => 40,
+        _ => {
+            return Err(format!(
+                "expected a size such as 512m or 2g (units b, k, m, g, t), got '{value}'"
+            ))
+        }
+    };
+    let number: usize = number.parse().map_err(|_| {
+        format!("expected a size such as 512m or 2g (units b, k, m, g, t), got '{value}'")
+    })?;
+    number
+        .checked_mul(1 << shift)
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| format!("the memory limit '{value}' is zero or too large"))
+}
+
+/// Parses a `-p` value: an existing directory.
+fn parse_data_path(value: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(value);
+    match path.is_dir() {
+        true => Ok(path),
+        false => Err(format!("'{value}' is not a directory")),
+    }
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        // --help and --version
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            eprintln!("Error: {}", usage_error(&e));
+            return ExitCode::from(2);
+        }
+    };
     install_panic_hook();
     // Run everything on a thread with a large stack: DataFusion recurses over
     // expression trees, which overflows default stacks on deeply nested SQL.
@@ -270,8 +452,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// A refused command line as one sentence: clap's message without its
+/// `error: ` prefix, usage and tips, pointing to `--help`.
+fn usage_error(e: &clap::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or("").trim();
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("{first} (dfgrad --help lists the options)")
+}
+
 /// Prints `err` to stderr as one line, `Error: <message>` (see [`error_line`]).
-fn print_error(err: &(dyn std::error::Error + 'static)) {
+pub(crate) fn print_error(err: &(dyn std::error::Error + 'static)) {
     eprintln!("Error: {}", error_line(err));
 }
 
@@ -280,7 +471,7 @@ fn print_error(err: &(dyn std::error::Error + 'static)) {
 /// analyzer and optimizer put around it (`datafusion_grad` / `caused by` /
 /// `External error:`); other messages have their line breaks joined, with
 /// a hint (`datafusion_grad::error::hint`) where DataFusion's message lacks the fix.
-fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
     let mut source = Some(err);
     while let Some(e) = source {
         if let Some(grad) = e.downcast_ref::<GradError>() {
@@ -289,10 +480,14 @@ fn error_line(err: &(dyn std::error::Error + 'static)) -> String {
         source = e.source();
     }
     let line = one_line(&err.to_string());
-    match err
-        .downcast_ref::<DataFusionError>()
-        .and_then(datafusion_grad::error::hint)
-    {
+    let hint = err.downcast_ref::<DataFusionError>().and_then(|e| {
+        datafusion_grad::error::hint(e).or_else(|| {
+            matches!(e.find_root(), DataFusionError::ResourcesExhausted(_)).then_some(
+                "raise dfgrad's memory limit (-m/--memory-limit), or try --mem-pool-type fair",
+            )
+        })
+    });
+    match hint {
         Some(hint) => format!("{line} (hint: {hint})"),
         None => line,
     }
@@ -373,7 +568,7 @@ fn panic_error(payload: &(dyn Any + Send)) -> Error {
 
 /// Runs `future`, turning a panic inside it, or inside a task it waits for
 /// (DataFusion resumes their panics), into an error.
-async fn catch_panic<F: Future>(future: F) -> Result<F::Output> {
+pub(crate) async fn catch_panic<F: Future>(future: F) -> Result<F::Output> {
     AssertUnwindSafe(future)
         .catch_unwind()
         .await
@@ -411,37 +606,121 @@ async fn ballista_context(_url: &str) -> Result<SessionContext> {
     .into())
 }
 
-/// Registers the `--table`s, then runs the `-c` commands and `-f` files, or the
+/// A local session as the flags ask: `information_schema` on, DataFusion's
+/// dynamic file catalog (`SELECT * FROM 'file.parquet'`), settings from
+/// `DATAFUSION_*` environment variables, `-b` and `-m`.
+fn local_context(args: &Args) -> Result<SessionContext> {
+    let mut config = SessionConfig::from_env()?.with_information_schema(true);
+    if let Some(rows) = args.batch_size {
+        config = config.with_batch_size(rows);
+    }
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(limit) = args.memory_limit {
+        // The largest consumers are named when the pool is exhausted.
+        let top = NonZeroUsize::new(3).expect("3 is not zero");
+        let pool: Arc<dyn MemoryPool> = match args.mem_pool_type {
+            PoolType::Greedy => {
+                Arc::new(TrackConsumersPool::new(GreedyMemoryPool::new(limit), top))
+            }
+            PoolType::Fair => Arc::new(TrackConsumersPool::new(FairSpillPool::new(limit), top)),
+        };
+        runtime = runtime.with_memory_pool(pool);
+    }
+    let ctx = SessionContext::new_with_config_rt(config, runtime.build_arc()?);
+    datafusion_grad::register(&ctx);
+    Ok(ctx.enable_url_table())
+}
+
+/// A Ballista client session with `information_schema` on and `-b`.
+async fn cluster_context(url: &str, args: &Args) -> Result<SessionContext> {
+    if args.memory_limit.is_some() {
+        return Err(CliError::Conflict(
+            "-m/--memory-limit bounds this process's memory pool, but with --ballista the \
+             queries run on the cluster's executors, whose memory is set where they start",
+        )
+        .into());
+    }
+    let ctx = ballista_context(url).await?;
+    {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        let config = state.config_mut();
+        config.options_mut().catalog.information_schema = true;
+        if let Some(rows) = args.batch_size {
+            *config = config.clone().with_batch_size(rows);
+        }
+    }
+    Ok(ctx)
+}
+
+/// `~/.dfgradrc`, if there is one.
+fn default_rc() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME")?;
+    let rc = PathBuf::from(home).join(DEFAULT_RC);
+    rc.is_file().then_some(rc)
+}
+
+/// Moves to `-p`, builds the session, registers the `--table`s, runs the rc
+/// files, then the `-c` commands and `-f` files, or piped input or the
 /// interactive shell when there are none.
 async fn run_async(args: Args) -> Result<()> {
+    if let Some(dir) = &args.data_path {
+        std::env::set_current_dir(dir).map_err(|e| CliError::Read {
+            path: dir.clone(),
+            reason: e.to_string(),
+        })?;
+    }
     let ctx = match &args.ballista {
-        Some(url) => ballista_context(url).await?,
-        None => datafusion_grad::session_context(),
+        Some(url) => cluster_context(url, &args).await?,
+        None => local_context(&args)?,
     };
     for (name, path) in &args.tables {
-        register_table(&ctx, name, path).await?;
+        tables::register_table(&ctx, name, path).await?;
     }
     let printer = Printer {
         format: args.format,
         quiet: args.quiet,
+        maxrows: args.maxrows,
     };
+    let mut shell = Shell { ctx, printer };
+    let reads_stdin = args.commands.is_empty()
+        && args.files.is_empty()
+        && args.rewrite.is_none()
+        && !args.substrait_mode();
+    let rc = match (args.rc.is_empty(), reads_stdin) {
+        (false, _) => args.rc.clone(),
+        (true, true) => default_rc().into_iter().collect(),
+        (true, false) => Vec::new(),
+    };
+    for path in &rc {
+        let file = std::fs::File::open(path).map_err(|e| CliError::Read {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        if shell.run_lines(io::BufReader::new(file)).await? == Flow::Quit {
+            return Ok(());
+        }
+    }
     if args.substrait_mode() {
         if args.rewrite.is_some() {
-            return Err("--rewrite cannot be combined with the Substrait flags".into());
+            return Err(CliError::Conflict(
+                "--rewrite cannot be combined with the Substrait flags",
+            )
+            .into());
         }
-        return run_substrait(&ctx, &args, printer).await;
+        return run_substrait(&shell.ctx, &args, shell.printer).await;
     }
     if args.commands.is_empty() && args.files.is_empty() {
         return match args.rewrite {
-            Some(_) => Err("--rewrite needs -c or -f".into()),
-            None if io::stdin().is_terminal() => repl(&ctx, printer).await,
-            None => run_piped(&ctx, printer).await,
+            Some(_) => Err(CliError::Conflict("--rewrite needs -c or -f").into()),
+            None if io::stdin().is_terminal() => shell.repl().await,
+            None => shell.run_lines(io::stdin().lock()).await.map(|_| ()),
         };
     }
     for sql in &read_sources(&args)? {
         match args.rewrite {
-            Some(dialect) => println!("{}", rewrite_sql(&ctx, sql, dialect).await?),
-            None => run_statements(&ctx, printer, sql).await?,
+            Some(dialect) => println!("{}", rewrite_sql(&shell.ctx, sql, dialect).await?),
+            None => shell.run_statements(sql).await?,
         }
     }
     Ok(())
@@ -451,8 +730,10 @@ async fn run_async(args: Args) -> Result<()> {
 fn read_sources(args: &Args) -> Result<Vec<String>> {
     let mut sources = args.commands.clone();
     for file in &args.files {
-        let sql = std::fs::read_to_string(file)
-            .map_err(|e| format!("cannot read '{}': {e}", file.display()))?;
+        let sql = std::fs::read_to_string(file).map_err(|e| CliError::Read {
+            path: file.clone(),
+            reason: e.to_string(),
+        })?;
         sources.push(sql);
     }
     Ok(sources)
@@ -463,6 +744,9 @@ fn read_sources(args: &Args) -> Result<Vec<String>> {
 /// and runs it (or exports it again).
 #[cfg(feature = "substrait")]
 async fn run_substrait(ctx: &SessionContext, args: &Args, printer: Printer) -> Result<()> {
+    use std::time::Instant;
+
+    use arrow::datatypes::SchemaRef;
     use datafusion_grad::substrait::{
         from_substrait, logical_to_substrait, plan_from_bytes_or_json, plan_to_bytes, plan_to_json,
         to_substrait, Profile,
@@ -481,15 +765,17 @@ async fn run_substrait(ctx: &SessionContext, args: &Args, printer: Printer) -> R
                     "--from-substrait runs the plan in its file; it takes no -c or -f".into(),
                 );
             }
-            let data = std::fs::read(path)
-                .map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+            let data = std::fs::read(path).map_err(|e| CliError::Read {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
             let start = Instant::now();
             let plan = plan_from_bytes_or_json(&data)?;
             let df = from_substrait(ctx, &plan).await?;
             if !export {
                 let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
                 let batches = df.collect().await?;
-                return printer.print(&schema, &batches, start);
+                return printer.print_collected(&schema, &batches, start);
             }
             logical_to_substrait(&ctx.state(), df.logical_plan(), profile).await?
         }
@@ -527,527 +813,9 @@ async fn run_substrait(_ctx: &SessionContext, _args: &Args, _printer: Printer) -
     Err("dfgrad was built without the `substrait` feature".into())
 }
 
-/// The file formats `--table` can register.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum TableFormat {
-    Csv,
-    Parquet,
-    Json,
-    Arrow,
-}
-
-impl TableFormat {
-    /// The format of a file with extension `ext` (without the dot, any case).
-    fn from_extension(ext: &str) -> Option<Self> {
-        match ext.to_ascii_lowercase().as_str() {
-            "csv" => Some(Self::Csv),
-            "parquet" => Some(Self::Parquet),
-            "json" | "ndjson" => Some(Self::Json),
-            "arrow" | "ipc" | "feather" => Some(Self::Arrow),
-            _ => None,
-        }
-    }
-}
-
-/// Registers the file at `path` as table `name`, choosing the reader by extension.
-/// A panic of a file reader (e.g. on a corrupt Parquet footer) is an error.
-async fn register_table(ctx: &SessionContext, name: &str, path: &Path) -> Result<()> {
-    let refuse = |reason: String| -> Error {
-        format!(
-            "cannot register table '{name}' from '{}': {reason}",
-            path.display()
-        )
-        .into()
-    };
-    // A directory is a partitioned data set: its files' extension gives the format.
-    let ext = if path.is_dir() {
-        directory_extension(path).map_err(refuse)?
-    } else {
-        path.extension()
-            .and_then(|e| e.to_str())
-            .unwrap_or("")
-            .to_string()
-    };
-    let ext = ext.as_str();
-    let format = TableFormat::from_extension(ext).ok_or_else(|| {
-        refuse(match ext {
-            "" => format!(
-                "the file has no extension to tell its format; rename it to end in one of \
-                 {SUPPORTED_EXTENSIONS}"
-            ),
-            _ => format!(
-                "unsupported file extension '.{ext}'; rename the file to end in one of \
-                 {SUPPORTED_EXTENSIONS}"
-            ),
-        })
-    })?;
-    let location = path
-        .to_str()
-        .ok_or_else(|| format!("path '{}' is not valid UTF-8", path.display()))?;
-    // DataFusion reads a location ending in `/` as a directory of files.
-    let location = if path.is_dir() && !location.ends_with('/') {
-        format!("{location}/")
-    } else {
-        location.to_string()
-    };
-    let location = location.as_str();
-    // Readers only pick files with their configured extension, so use the real one.
-    let file_extension = format!(".{ext}");
-    let registered = catch_panic(async {
-        match format {
-            TableFormat::Csv => {
-                let options = CsvReadOptions::new()
-                    .has_header(true)
-                    .file_extension(&file_extension);
-                ctx.register_csv(name, location, options).await
-            }
-            TableFormat::Parquet => {
-                let options = ParquetReadOptions::default().file_extension(&file_extension);
-                ctx.register_parquet(name, location, options).await
-            }
-            TableFormat::Json => {
-                let options = JsonReadOptions::default().file_extension(&file_extension);
-                ctx.register_json(name, location, options).await
-            }
-            TableFormat::Arrow => {
-                let options = ArrowReadOptions {
-                    file_extension: &file_extension,
-                    ..Default::default()
-                };
-                ctx.register_arrow(name, location, options).await
-            }
-        }
-    })
-    .await;
-    match registered {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(refuse(error_line(&e))),
-        Err(panic) => Err(refuse(panic.to_string())),
-    }
-}
-
-/// The file extensions `--table` reads, as listed in messages.
-const SUPPORTED_EXTENSIONS: &str = ".csv, .parquet, .json, .ndjson, .arrow, .ipc or .feather";
-
-/// The extension shared by the data files of directory `dir`: the files with
-/// a supported extension that DataFusion's listing reads, those directly in
-/// `dir` and in its partition directories (named `KEY=VALUE`, at any depth).
-/// A table is read from the files of one extension (the readers skip the
-/// others), so a directory whose data files have several extensions is
-/// refused rather than read in part, as is one without data files.
-fn directory_extension(dir: &Path) -> Result<String, String> {
-    let mut counts = BTreeMap::new();
-    count_data_files(dir, &mut counts)?;
-    let mut extensions = counts.keys();
-    match (extensions.next(), extensions.next()) {
-        (Some(ext), None) => Ok(ext.clone()),
-        (None, _) => Err(format!(
-            "the directory has no data files: put files ending in {SUPPORTED_EXTENSIONS} \
-             directly in it or in partition directories named KEY=VALUE (other subdirectories \
-             are not read)"
-        )),
-        (Some(_), Some(_)) => {
-            let found: Vec<String> = counts
-                .iter()
-                .map(|(ext, n)| format!("{n} .{ext}"))
-                .collect();
-            Err(format!(
-                "the directory mixes data files of several extensions ({} files), but a table \
-                 is read from files of one extension; put the files of each extension in a \
-                 directory of their own and register one table per directory",
-                found.join(", ")
-            ))
-        }
-    }
-}
-
-/// Adds the data files of `dir` (see [`directory_extension`]) to `counts`,
-/// the number of files by extension.
-fn count_data_files(dir: &Path, counts: &mut BTreeMap<String, usize>) -> Result<(), String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot list directory '{}': {e}", dir.display()))?;
-    for entry in entries {
-        let path = entry
-            .map_err(|e| format!("cannot list directory '{}': {e}", dir.display()))?
-            .path();
-        if path.is_dir() {
-            let partition = path
-                .file_name()
-                .and_then(|name| name.to_str())
-                .is_some_and(|name| name.contains('='));
-            if partition {
-                count_data_files(&path, counts)?;
-            }
-        } else if let Some(ext) = path.extension().and_then(|e| e.to_str()) {
-            if TableFormat::from_extension(ext).is_some() {
-                *counts.entry(ext.to_string()).or_default() += 1;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `sql` split at its `;`s (see [`split_terminated`]).
-#[derive(Debug, PartialEq, Eq)]
-struct Split<'a> {
-    /// The statements ended by `;`, trimmed, without those holding only
-    /// whitespace and comments.
-    complete: Vec<String>,
-    /// What follows the last `;` that ends a statement, as written.
-    rest: &'a str,
-    /// Whether `rest` holds anything besides whitespace and comments.
-    rest_has_content: bool,
-}
-
-/// Splits `sql` at `;`, ignoring `;` inside single-quoted strings,
-/// double-quoted identifiers, `--` line comments and `/* */` block comments.
-fn split_terminated(sql: &str) -> Split<'_> {
-    #[derive(Clone, Copy, PartialEq, Eq)]
-    enum State {
-        Normal,
-        SingleQuoted,
-        DoubleQuoted,
-        LineComment,
-        BlockComment,
-    }
-
-    let mut complete = Vec::new();
-    // Byte offset where the current statement starts.
-    let mut start = 0;
-    // Whether the current statement holds anything besides whitespace and comments.
-    let mut has_content = false;
-    let mut state = State::Normal;
-    let mut chars = sql.char_indices().peekable();
-
-    while let Some((i, c)) = chars.next() {
-        let next = chars.peek().map(|&(_, c)| c);
-        match state {
-            State::Normal => match c {
-                ';' => {
-                    if has_content {
-                        complete.push(sql[start..i].trim().to_string());
-                    }
-                    start = i + 1;
-                    has_content = false;
-                }
-                '\'' => {
-                    state = State::SingleQuoted;
-                    has_content = true;
-                }
-                '"' => {
-                    state = State::DoubleQuoted;
-                    has_content = true;
-                }
-                '-' if next == Some('-') => {
-                    chars.next();
-                    state = State::LineComment;
-                }
-                '/' if next == Some('*') => {
-                    chars.next();
-                    state = State::BlockComment;
-                }
-                c if !c.is_whitespace() => has_content = true,
-                _ => {}
-            },
-            // A doubled quote ('' or "") leaves and re-enters the quoted state.
-            State::SingleQuoted if c == '\'' => state = State::Normal,
-            State::DoubleQuoted if c == '"' => state = State::Normal,
-            State::LineComment if c == '\n' => state = State::Normal,
-            State::BlockComment if c == '*' && next == Some('/') => {
-                chars.next();
-                state = State::Normal;
-            }
-            _ => {}
-        }
-    }
-    Split {
-        complete,
-        rest: &sql[start..],
-        rest_has_content: has_content,
-    }
-}
-
-/// Splits `sql` into statements at `;` (see [`split_terminated`]); the last
-/// statement needs no `;`. Statements are trimmed; those holding only
-/// whitespace and comments are dropped.
-fn split_statements(sql: &str) -> Vec<String> {
-    let split = split_terminated(sql);
-    let mut statements = split.complete;
-    if split.rest_has_content {
-        statements.push(split.rest.trim().to_string());
-    }
-    statements
-}
-
-/// Runs every statement of `sql` in order, stopping at the first error.
-async fn run_statements(ctx: &SessionContext, printer: Printer, sql: &str) -> Result<()> {
-    for statement in split_statements(sql) {
-        run_statement(ctx, printer, &statement).await?;
-    }
-    Ok(())
-}
-
-/// Plans, executes and prints a single statement; a panic while planning or
-/// executing it is an error.
-async fn run_statement(ctx: &SessionContext, printer: Printer, sql: &str) -> Result<()> {
-    let start = Instant::now();
-    let (schema, batches) = catch_panic(async {
-        let df = ctx.sql(sql).await?;
-        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        Ok::<_, Error>((schema, df.collect().await?))
-    })
-    .await??;
-    printer.print(&schema, &batches, start)
-}
-
-/// Runs the statements piped into stdin (which is not a terminal) as they
-/// arrive, like a `-f` file: each once its `;` is read, the last one also
-/// without `;`, stopping at the first failing statement.
-async fn run_piped(ctx: &SessionContext, printer: Printer) -> Result<()> {
-    // What was read after the last statement that ended with `;`.
-    let mut pending = String::new();
-    for line in io::stdin().lock().lines() {
-        pending.push_str(&line?);
-        pending.push('\n');
-        let split = split_terminated(&pending);
-        for statement in &split.complete {
-            run_statement(ctx, printer, statement).await?;
-        }
-        pending = split.rest.to_string();
-    }
-    run_statements(ctx, printer, &pending).await
-}
-
-/// Writes query results to stdout (and the summary line to stderr).
-#[derive(Debug, Clone, Copy)]
-struct Printer {
-    format: Format,
-    quiet: bool,
-}
-
-impl Printer {
-    /// Prints `batches` of a statement started at `start`.
-    fn print(&self, schema: &SchemaRef, batches: &[RecordBatch], start: Instant) -> Result<()> {
-        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        let mut out = io::stdout().lock();
-        if !schema.fields().is_empty() {
-            // Without batches, print an empty one so the header still appears.
-            let empty;
-            let batches = if batches.is_empty() {
-                empty = [RecordBatch::new_empty(Arc::clone(schema))];
-                &empty[..]
-            } else {
-                batches
-            };
-            write_batches(&mut out, self.format, batches)?;
-        }
-        out.flush()?;
-        if self.format == Format::Table && !self.quiet {
-            eprintln!(
-                "{rows} row(s) fetched. Elapsed {:.3} seconds.",
-                start.elapsed().as_secs_f64()
-            );
-        }
-        Ok(())
-    }
-}
-
-/// Writes non-empty `batches` to `out` in `format`.
-fn write_batches(out: &mut impl Write, format: Format, batches: &[RecordBatch]) -> Result<()> {
-    match format {
-        Format::Table => writeln!(out, "{}", pretty_format_batches(batches)?)?,
-        Format::Csv => {
-            let mut writer = arrow::csv::WriterBuilder::new()
-                .with_header(true)
-                .build(&mut *out);
-            for batch in batches {
-                writer.write(batch)?;
-            }
-        }
-        Format::Json => {
-            let mut writer = arrow::json::WriterBuilder::new()
-                .with_explicit_nulls(true)
-                .with_encoder_factory(Arc::new(NonFiniteAsStrings))
-                .build::<_, arrow::json::writer::JsonArray>(&mut *out);
-            for batch in batches {
-                writer.write(batch)?;
-            }
-            writer.finish()?;
-            drop(writer);
-            writeln!(out)?;
-        }
-        Format::Ndjson => {
-            let mut writer = arrow::json::WriterBuilder::new()
-                .with_explicit_nulls(true)
-                .with_encoder_factory(Arc::new(NonFiniteAsStrings))
-                .build::<_, arrow::json::writer::LineDelimited>(&mut *out);
-            for batch in batches {
-                writer.write(batch)?;
-            }
-            writer.finish()?;
-        }
-    }
-    Ok(())
-}
-
-/// Makes the JSON writers write NaN, +inf and -inf floating-point values as
-/// the strings `"NaN"`, `"inf"` and `"-inf"` (as the table and CSV formats
-/// print them), where Arrow writes `null`, which reads as SQL NULL. Finite
-/// values are written by Arrow's own encoder; elements of lists and structs
-/// too.
-#[derive(Debug)]
-struct NonFiniteAsStrings;
-
-/// Encoder options without an encoder factory: Arrow's own encoders.
-static ARROW_ENCODING: LazyLock<EncoderOptions> = LazyLock::new(EncoderOptions::default);
-
-impl EncoderFactory for NonFiniteAsStrings {
-    fn make_default_encoder<'a>(
-        &self,
-        field: &'a FieldRef,
-        array: &'a dyn Array,
-        _options: &'a EncoderOptions,
-    ) -> Result<Option<NullableEncoder<'a>>, ArrowError> {
-        if !matches!(
-            array.data_type(),
-            DataType::Float16 | DataType::Float32 | DataType::Float64
-        ) {
-            return Ok(None);
-        }
-        let values = arrow::compute::cast(array, &DataType::Float64)?
-            .as_primitive::<Float64Type>()
-            .clone();
-        let finite = make_encoder(field, array, &ARROW_ENCODING)?;
-        let encoder = FloatEncoder { values, finite };
-        Ok(Some(NullableEncoder::new(
-            Box::new(encoder),
-            array.nulls().cloned(),
-        )))
-    }
-}
-
-/// The encoder of [`NonFiniteAsStrings`] for one floating-point array.
-struct FloatEncoder<'a> {
-    /// The array's values, as `f64`.
-    values: Float64Array,
-    /// Arrow's encoder of the array, for its finite values.
-    finite: NullableEncoder<'a>,
-}
-
-impl Encoder for FloatEncoder<'_> {
-    fn encode(&mut self, idx: usize, out: &mut Vec<u8>) {
-        let value = self.values.value(idx);
-        if value.is_finite() {
-            self.finite.encode(idx, out);
-        } else {
-            // Rust prints them as NaN, inf and -inf.
-            out.extend_from_slice(format!("\"{value}\"").as_bytes());
-        }
-    }
-}
-
-/// What the shell read.
-#[derive(Debug)]
-enum ReplInput {
-    /// A complete statement (or several), ending with `;`.
-    Sql(String),
-    /// `\q`, `quit` or end of input.
-    Quit,
-}
-
-/// Reads lines until one ends with `;` (or the user quits).
-fn read_statement(editor: &mut DefaultEditor) -> Result<ReplInput> {
-    let mut buffer = String::new();
-    loop {
-        let prompt = if buffer.is_empty() {
-            PROMPT
-        } else {
-            CONTINUATION_PROMPT
-        };
-        match editor.readline(prompt) {
-            Ok(line) => {
-                let trimmed = line.trim();
-                if buffer.is_empty() {
-                    if trimmed.is_empty() {
-                        continue;
-                    }
-                    if matches!(trimmed, "\\q" | "quit" | "quit;") {
-                        return Ok(ReplInput::Quit);
-                    }
-                }
-                if !buffer.is_empty() {
-                    buffer.push('\n');
-                }
-                buffer.push_str(&line);
-                if trimmed.ends_with(';') {
-                    editor.add_history_entry(buffer.as_str())?;
-                    return Ok(ReplInput::Sql(buffer));
-                }
-            }
-            // Ctrl-C: drop the current input and start over.
-            Err(ReadlineError::Interrupted) => {
-                buffer.clear();
-            }
-            Err(ReadlineError::Eof) => return Ok(ReplInput::Quit),
-            Err(e) => return Err(e.into()),
-        }
-    }
-}
-
-/// The interactive shell: errors are printed and the shell goes on.
-async fn repl(ctx: &SessionContext, printer: Printer) -> Result<()> {
-    let mut editor = DefaultEditor::new()?;
-    loop {
-        let sql = match read_statement(&mut editor)? {
-            ReplInput::Sql(sql) => sql,
-            ReplInput::Quit => return Ok(()),
-        };
-        tokio::select! {
-            result = run_statements(ctx, printer, &sql) => {
-                if let Err(e) = result {
-                    print_error(e.as_ref());
-                }
-            }
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("^C\nQuery cancelled.");
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splits_and_skips_empty_statements() {
-        assert_eq!(
-            split_statements("SELECT 1; ;\n SELECT 2;;"),
-            vec!["SELECT 1", "SELECT 2"]
-        );
-        assert_eq!(split_statements("SELECT 1"), vec!["SELECT 1"]);
-        assert!(split_statements("  ; -- only a comment\n /* c; */ ;").is_empty());
-    }
-
-    #[test]
-    fn ignores_semicolons_in_strings_and_comments() {
-        assert_eq!(
-            split_statements("SELECT 'a;''b'; -- x; y\nSELECT \"c;d\" /* ; */ FROM t;"),
-            vec!["SELECT 'a;''b'", "-- x; y\nSELECT \"c;d\" /* ; */ FROM t"]
-        );
-    }
-
-    #[test]
-    fn keeps_what_follows_the_last_semicolon() {
-        let split = split_terminated("SELECT 1; SELECT 'a;\n");
-        assert_eq!(split.complete, vec!["SELECT 1"]);
-        assert_eq!(split.rest, " SELECT 'a;\n");
-        assert!(split.rest_has_content);
-        // an open block comment is kept, so that the next lines stay in it
-        let split = split_terminated("SELECT 1; /* open; comment\n");
-        assert_eq!(split.rest, " /* open; comment\n");
-        assert!(!split.rest_has_content);
-    }
 
     #[test]
     fn error_messages_on_one_line() {
@@ -1079,16 +847,36 @@ mod tests {
     }
 
     #[test]
-    fn table_formats_by_extension() {
-        assert_eq!(TableFormat::from_extension("CSV"), Some(TableFormat::Csv));
-        assert_eq!(
-            TableFormat::from_extension("ndjson"),
-            Some(TableFormat::Json)
-        );
-        assert_eq!(
-            TableFormat::from_extension("feather"),
-            Some(TableFormat::Arrow)
-        );
-        assert_eq!(TableFormat::from_extension("txt"), None);
+    fn parses_sizes_and_batch_sizes() {
+        assert_eq!(parse_memory_size("512").unwrap(), 512);
+        assert_eq!(parse_memory_size("2k").unwrap(), 2048);
+        assert_eq!(parse_memory_size("1GB").unwrap(), 1 << 30);
+        for bad in ["", "g", "1.5g", "10x", "-1m", "0"] {
+            assert!(parse_memory_size(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_batch_size("64").unwrap(), 64);
+        assert!(parse_batch_size("0").is_err());
+        assert!(parse_batch_size("many").is_err());
+    }
+
+    #[test]
+    fn refusals_are_one_sentence() {
+        let refusals = [
+            CliError::UnknownCommand("\\x".to_string()),
+            CliError::CommandArgument {
+                command: "\\q".to_string(),
+                expected: "no argument",
+                got: "now".to_string(),
+            },
+            CliError::UnknownFunction("nope".to_string()),
+            CliError::UnknownFormat("xml".to_string()),
+            CliError::UnboundedFinalResult,
+            CliError::Conflict("--rewrite needs -c or -f"),
+        ];
+        for refusal in refusals {
+            let text = refusal.to_string();
+            assert!(!text.contains('\n') && !text.ends_with('.'), "{text}");
+            assert!(!text.contains(". "), "{text}");
+        }
     }
 }

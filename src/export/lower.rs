@@ -165,7 +165,7 @@ pub(crate) fn lower(expr: Expr, schema: &DFSchema, dialect: SqlDialect) -> Resul
             Err(GradError::new(
                 ErrorKind::Unexportable,
                 format!(
-                    "the tensor function `{name}` for {dialect}, which has no tensor columns \
+                    "cannot export the tensor function `{name}` for {dialect}, which has no tensor columns \
                      (tensor queries export only to DataFusion with datafusion-grad)"
                 ),
             )
@@ -177,7 +177,7 @@ pub(crate) fn lower(expr: Expr, schema: &DFSchema, dialect: SqlDialect) -> Resul
             Expr::ScalarFunction(f) if f.func.name() == "named_struct" => Err(GradError::new(
                 ErrorKind::Unexportable,
                 format!(
-                    "a struct value (e.g. `grad(f, x, y)` with several variables) for {dialect}, \
+                    "cannot export a struct value (e.g. `grad(f, x, y)` with several variables) for {dialect}, \
                      which has no struct literals: select its fields, `grad(f, x, y)['x']`"
                 ),
             )
@@ -323,7 +323,9 @@ fn try_cast(expr: Expr, to: &DataType, schema: &DFSchema, dialect: SqlDialect) -
         SqlDialect::DuckDb => Ok(Expr::TryCast(TryCast::new(Box::new(expr), to.clone()))),
         _ => Err(GradError::new(
             ErrorKind::Unexportable,
-            format!("TRY_CAST from {from} to {to} for {dialect}, which has no TRY_CAST"),
+            format!(
+                "cannot export a TRY_CAST from {from} to {to} for {dialect}, which has no TRY_CAST"
+            ),
         )
         .into()),
     }

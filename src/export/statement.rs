@@ -7,6 +7,7 @@
 //! is a typed [`ErrorKind::Unexportable`] error, never broken SQL.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::catalog::default_table_source::provider_as_source;
@@ -20,7 +21,12 @@ use datafusion::logical_expr::{
     cast, DdlStatement, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection,
     RecursiveQuery, WriteOp,
 };
-use datafusion::sql::sqlparser::ast::Ident;
+use datafusion::sql::sqlparser::ast::{
+    Ident, ObjectName, ObjectNamePart, SetExpr, Statement as SqlStatement, TableFactor, VisitMut,
+    VisitorMut,
+};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::unparser::dialect::Dialect;
 use datafusion::sql::unparser::Unparser;
 
@@ -108,15 +114,122 @@ impl Printer {
         })
     }
 
-    /// `plan` printed by DataFusion's unparser (its binding projections and
-    /// `VALUES` lists made printable first), then tidied.
+    /// `plan` printed by DataFusion's unparser (its binding projections made
+    /// printable first, its `VALUES` lists, which the unparser cannot print,
+    /// printed by [`Self::insert_values`]), then tidied.
     fn unparse(&self, plan: &LogicalPlan) -> Result<String> {
-        let plan = values_as_selects(printable(plan.clone())?)?;
+        let mut lists = Vec::new();
+        let plan = values_as_scans(printable(plan.clone())?, &mut lists)?;
         let mut statement = Unparser::new(&self.target)
             .plan_to_sql(&plan)
             .map_err(|e| cannot_print(&e))?;
+        self.insert_values(&mut statement, &lists)?;
         tidy(&mut statement, self.dialect());
         Ok(statement.to_string())
+    }
+
+    /// `statement` with each scan of a placeholder of [`values_as_scans`]
+    /// replaced by its `VALUES` list, as a derived table under the name (and
+    /// column names) the statement reads it by: `(VALUES (…), (…)) AS
+    /// t(a, b)`; SQLite, which takes no column names in a table alias and
+    /// names a `VALUES` list's columns `column1`, `column2`, … as DataFusion
+    /// does, gets `(SELECT column1 AS a, … FROM (VALUES (…), (…))) AS t`.
+    fn insert_values(&self, statement: &mut SqlStatement, lists: &[ValuesList]) -> Result<()> {
+        if lists.is_empty() {
+            return Ok(());
+        }
+        let mut inserted = 0;
+        let outcome = statement.visit(&mut TableFactors(|factor: &mut TableFactor| {
+            let TableFactor::Table { name, alias, .. } = factor else {
+                return ControlFlow::Continue(());
+            };
+            let Some(list) = values_index(name).and_then(|i| lists.get(i)) else {
+                return ControlFlow::Continue(());
+            };
+            let (table, columns) = match alias {
+                Some(alias) => (
+                    alias.name.value.clone(),
+                    alias.columns.iter().map(|c| c.name.value.clone()).collect(),
+                ),
+                None => (name.to_string(), Vec::new()),
+            };
+            let columns = match columns.is_empty() {
+                true => list.columns.clone(),
+                false => columns,
+            };
+            match self.values_table(list, &table, &columns) {
+                Ok(values) => {
+                    *factor = values;
+                    inserted += 1;
+                    ControlFlow::Continue(())
+                }
+                Err(e) => ControlFlow::Break(e),
+            }
+        }));
+        if let ControlFlow::Break(e) = outcome {
+            return Err(e);
+        }
+        if inserted != lists.len() {
+            return unexportable(
+                "a VALUES list that the unparser moved where it cannot be printed",
+            );
+        }
+        Ok(())
+    }
+
+    /// The derived table of `list` named `table` with `columns` (see
+    /// [`Self::insert_values`]).
+    fn values_table(
+        &self,
+        list: &ValuesList,
+        table: &str,
+        columns: &[String],
+    ) -> Result<TableFactor> {
+        let unparser = Unparser::new(&self.target);
+        let mut rows = Vec::with_capacity(list.rows.len());
+        for row in &list.rows {
+            let mut values = Vec::with_capacity(row.len());
+            for value in row {
+                values.push(
+                    unparser
+                        .expr_to_sql(value)
+                        .map_err(|e| cannot_print(&e))?
+                        .to_string(),
+                );
+            }
+            rows.push(format!("({})", values.join(", ")));
+        }
+        let rows = rows.join(", ");
+        let table = self.ident(table);
+        let sql = match self.dialect() {
+            SqlDialect::Sqlite => {
+                let select: Vec<String> = columns
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| format!("column{} AS {}", i + 1, self.ident(c)))
+                    .collect();
+                format!(
+                    "SELECT * FROM (SELECT {} FROM (VALUES {rows})) AS {table}",
+                    select.join(", ")
+                )
+            }
+            _ => {
+                let names: Vec<String> = columns.iter().map(|c| self.ident(c)).collect();
+                format!(
+                    "SELECT * FROM (VALUES {rows}) AS {table} ({})",
+                    names.join(", ")
+                )
+            }
+        };
+        let parsed = Parser::parse_sql(&GenericDialect {}, &sql)?.pop();
+        if let Some(SqlStatement::Query(query)) = parsed {
+            if let SetExpr::Select(select) = *query.body {
+                if let Some(from) = select.from.into_iter().next() {
+                    return Ok(from.relation);
+                }
+            }
+        }
+        unexportable("a VALUES list")
     }
 
     /// `plan` with each recursive query replaced by a scan of its name, and
@@ -294,35 +407,71 @@ impl Printer {
     }
 }
 
+/// Prefix of the names of the placeholder tables that stand for `VALUES`
+/// lists while the unparser prints a plan.
+const VALUES_PREFIX: &str = "__dfgrad_values_";
+
+/// A `VALUES` list to print: its rows, each value cast to its column's type
+/// (`1.0` would be NUMERIC in PostgreSQL), and DataFusion's names of its
+/// columns (`column1`, …).
+struct ValuesList {
+    rows: Vec<Vec<Expr>>,
+    columns: Vec<String>,
+}
+
 /// `plan` with each `VALUES` list, which DataFusion's unparser cannot print,
-/// as the `UNION ALL` of one `SELECT` per row, each value cast to its
-/// column's type (`1.0` would be NUMERIC in PostgreSQL).
-fn values_as_selects(plan: LogicalPlan) -> Result<LogicalPlan> {
+/// replaced by a scan of a placeholder table (`__dfgrad_values_N`, N its
+/// index in `lists`), which [`Printer::insert_values`] replaces in the
+/// printed statement.
+fn values_as_scans(plan: LogicalPlan, lists: &mut Vec<ValuesList>) -> Result<LogicalPlan> {
     plan.transform_up_with_subqueries(|node| {
         let LogicalPlan::Values(values) = &node else {
             return Ok(Transformed::no(node));
         };
         let fields = values.schema.fields();
-        let selects = values
+        let rows = values
             .values
             .iter()
             .map(|row| {
-                let columns = row.iter().zip(fields).map(|(value, field)| {
-                    cast(value.clone(), field.data_type().clone()).alias(field.name())
-                });
-                LogicalPlanBuilder::empty(true).project(columns)?.build()
+                row.iter()
+                    .zip(fields)
+                    .map(|(value, field)| cast(value.clone(), field.data_type().clone()))
+                    .collect()
             })
-            .collect::<Result<Vec<_>>>()?;
-        let mut selects = selects.into_iter();
-        let Some(first) = selects.next() else {
-            return Ok(Transformed::no(node));
-        };
-        let union = selects.try_fold(LogicalPlanBuilder::from(first), |all, select| {
-            all.union(select)
-        })?;
-        Ok(Transformed::yes(union.build()?))
+            .collect();
+        let name = format!("{VALUES_PREFIX}{}", lists.len());
+        lists.push(ValuesList {
+            rows,
+            columns: fields.iter().map(|f| f.name().clone()).collect(),
+        });
+        let schema = Arc::new(values.schema.as_arrow().clone());
+        let source = provider_as_source(Arc::new(EmptyTable::new(schema)));
+        let scan = LogicalPlanBuilder::scan(name.as_str(), source, None)?.build()?;
+        Ok(Transformed::yes(scan))
     })
     .map(|t| t.data)
+}
+
+/// Calls its function on every table factor of a statement, outer ones
+/// first.
+struct TableFactors<F>(F);
+
+impl<F: FnMut(&mut TableFactor) -> ControlFlow<DataFusionError>> VisitorMut for TableFactors<F> {
+    type Break = DataFusionError;
+
+    fn pre_visit_table_factor(&mut self, factor: &mut TableFactor) -> ControlFlow<DataFusionError> {
+        (self.0)(factor)
+    }
+}
+
+/// The index of the `VALUES` list a placeholder table name stands for.
+fn values_index(name: &ObjectName) -> Option<usize> {
+    match name.0.as_slice() {
+        [ObjectNamePart::Identifier(ident)] => {
+            ident.value.strip_prefix(VALUES_PREFIX)?.parse().ok()
+        }
+        _ => None,
+    }
 }
 
 /// The schema a node's expressions are evaluated over.
@@ -389,12 +538,41 @@ fn substitute(e: Expr, values: &HashMap<String, Expr>) -> Result<Expr> {
     .map(|t| t.data)
 }
 
+/// The error of the unparser's refusal `e`, as one readable sentence: the
+/// unparser's messages carry Rust debug dumps of the plan node or expression
+/// (`Unsupported operator: Union(Union { inputs: [...`), of which only the
+/// node's name is kept.
 fn cannot_print(e: &DataFusionError) -> DataFusionError {
     GradError::new(
         ErrorKind::Unexportable,
-        format!("DataFusion's unparser cannot print this plan: {e}"),
+        format!(
+            "cannot export this statement as SQL text: DataFusion's unparser cannot print it ({})",
+            readable(&e.to_string())
+        ),
     )
     .into()
+}
+
+/// The first line of a DataFusion message `text` without its category
+/// prefix (`This feature is not implemented: `) and cut before the first
+/// Rust debug dump (`Name(Struct { … })`, `Name { … }`).
+fn readable(text: &str) -> String {
+    let line = text.lines().next().unwrap_or("").trim();
+    let line = [
+        "This feature is not implemented: ",
+        "Internal error: ",
+        "Error during planning: ",
+    ]
+    .iter()
+    .fold(line, |line, prefix| {
+        line.strip_prefix(*prefix).unwrap_or(line)
+    });
+    let cut = match line.find(" { ") {
+        Some(brace) => line[..brace].rfind('(').filter(|&p| p > 0).unwrap_or(brace),
+        None => line.len(),
+    };
+    let line = line[..cut].trim_end_matches([':', ' ', '(']);
+    line.strip_suffix('.').unwrap_or(line).to_string()
 }
 
 fn unexportable<T>(what: impl std::fmt::Display) -> Result<T> {
