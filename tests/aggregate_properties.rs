@@ -10,8 +10,6 @@ use datafusion::prelude::SessionContext;
 
 use crate::common::numbers::{central, close, H};
 
-/// Finite-difference step.
-
 /// Aggregates of the row-wise argument `{e}`, grouped by `g` (and `w`).
 const AGGREGATES: &[&str] = &[
     "sum({e})",
