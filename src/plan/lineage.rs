@@ -1143,7 +1143,9 @@ mod tests {
             .unwrap();
         let scope = Scope::new(vec![&plan]).unwrap();
         let y = Column::new(Some("t"), "y");
-        let err = scope.inline(col("m"), std::slice::from_ref(&y), &[]).unwrap_err();
+        let err = scope
+            .inline(col("m"), std::slice::from_ref(&y), &[])
+            .unwrap_err();
         let kind = GradError::find(&err).map(|g| g.kind());
         assert_eq!(kind, Some(ErrorKind::NeedsPlanContext), "{err}");
         let (f, refs) = scope
