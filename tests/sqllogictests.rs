@@ -60,10 +60,11 @@ fn cell(col: &ArrayRef, row: usize) -> Result<String, DataFusionError> {
     })
 }
 
-/// A row whose last cell has several lines (an EXPLAIN plan) as one row per
-/// line, the other cells on the first only, and each line's indentation
-/// written as `-` (sqllogictest folds white space): as DataFusion's own
-/// `.slt` files show plans.
+/// A row whose last cell has several lines (an EXPLAIN plan) as one
+/// single-cell row per line, the other cells before the first line, and
+/// each line's indentation written as `-` (sqllogictest compares rows as
+/// their cells joined by spaces): as DataFusion's own `.slt` files show
+/// plans.
 fn plan_lines(row: Vec<String>) -> Vec<Vec<String>> {
     let Some((last, first)) = row.split_last() else {
         return vec![row];
@@ -77,12 +78,11 @@ fn plan_lines(row: Vec<String>) -> Vec<Vec<String>> {
         .map(|(i, line)| {
             let text = line.trim_start();
             let indent = "-".repeat(line.len() - text.len());
-            let mut out: Vec<String> = match i {
-                0 => first.to_vec(),
-                _ => vec![String::new(); first.len()],
-            };
-            out.push(format!("{indent}{text}"));
-            out
+            let line = format!("{indent}{text}");
+            match i {
+                0 => vec![[first.join(" "), line].join(" ")],
+                _ => vec![line],
+            }
         })
         .collect()
 }
