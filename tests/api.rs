@@ -15,6 +15,8 @@ use datafusion_grad::engine::call::{Marker, MarkerKind};
 use datafusion_grad::engine::{differentiate, Seed};
 use datafusion_grad::{Call, ErrorKind, GradError, Partial};
 
+use crate::common::on_big_stack;
+
 async fn context() -> SessionContext {
     let ctx = datafusion_grad::session_context();
     ctx.sql("CREATE TABLE t(x DOUBLE, y DOUBLE) AS VALUES (0.5, 2.0), (-1.0, 3.0), (2.0, -0.5)")
@@ -150,12 +152,7 @@ fn deep_expression() {
                 }
             })
     };
-    std::thread::Builder::new()
-        .stack_size(1 << 30)
-        .spawn(run)
-        .unwrap()
-        .join()
-        .unwrap();
+    on_big_stack(1 << 30, run);
 }
 
 /// Issue 21 (11): a 300-deep composition and a 300-factor product are
@@ -165,17 +162,12 @@ fn deep_expression() {
 #[test]
 fn deep_compositions_and_long_products() {
     // DataFusion recurses over the expressions: a big stack, as dfgrad has.
-    std::thread::Builder::new()
-        .stack_size(1 << 28)
-        .spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .build()
-                .unwrap()
-                .block_on(deep_compositions_and_long_products_on_a_big_stack())
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+    on_big_stack(1 << 28, || {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(deep_compositions_and_long_products_on_a_big_stack())
+    });
 }
 
 async fn deep_compositions_and_long_products_on_a_big_stack() {

@@ -5,6 +5,7 @@
 
 use datafusion_grad::Rules;
 
+use crate::common::on_big_stack;
 use crate::families::{dag_sizes, mlp, nested, product, Case};
 
 /// Derivative DAG nodes over forward DAG nodes.
@@ -13,20 +14,9 @@ fn ratio(case: &Case) -> f64 {
     derivative as f64 / forward as f64
 }
 
-/// Runs `f` on a thread with a stack deep enough for DataFusion's recursive
-/// expression walks over the deep families.
-fn with_deep_stack(f: impl FnOnce() + Send + 'static) {
-    std::thread::Builder::new()
-        .stack_size(256 << 20)
-        .spawn(f)
-        .unwrap()
-        .join()
-        .unwrap();
-}
-
 #[test]
 fn derivatives_stay_linear_in_the_forward_size() {
-    with_deep_stack(|| {
+    on_big_stack(256 << 20, || {
         let families: [(&str, Vec<Case>); 3] = [
             ("product", vec![product(10), product(100), product(1000)]),
             ("nested", vec![nested(10), nested(100), nested(300)]),

@@ -3,6 +3,17 @@
 
 pub mod numbers;
 
+/// Runs `f` on a thread with a stack of `bytes`: DataFusion recurses over
+/// expressions, so deep ones need a big stack (as `dfgrad` has).
+pub fn on_big_stack(bytes: usize, f: impl FnOnce() + Send + 'static) {
+    std::thread::Builder::new()
+        .stack_size(bytes)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Command, ExitStatus, Output, Stdio};
