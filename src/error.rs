@@ -151,7 +151,8 @@ pub fn hint(err: &DataFusionError) -> Option<&'static str> {
         Some(
             "a column read outside an aggregate must be a GROUP BY key, the variable x of \
              grad(aggregate, x) too: a group's aggregate is differentiated with respect to its \
-             key (with respect to every row's x it is relational reverse mode, not supported yet)",
+             key; with respect to every row's x, compute the aggregate as a loss in a CTE and \
+             write SELECT key, grad((SELECT loss FROM cte), x) FROM the rows of x",
         )
     } else {
         None

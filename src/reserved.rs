@@ -16,6 +16,14 @@
 //! | `__dfgrad{m}_{node}` | a shared part bound by a projection (`m` keeps it unique in its schema) |
 //! | `__dfgrad_input` | alias of an unqualified input in exported SQL |
 //! | `__dfgrad_acero_{i}` | a pre-projected aggregate argument in Acero's Substrait |
+//! | `__dfgrad_stat{k}` | a group statistic an aggregate's transpose rule reads ([`crate::rules::transpose`]) |
+//! | `__dfgrad_loss{k}` | a loss subquery's value, bound below a marker (relational reverse mode) |
+//! | `__dfgrad_leaf{k}` | qualifier of an input of a relational block in the backward pass ([`crate::plan::reverse`]) |
+//! | `__dfgrad_c{i}`, `__dfgrad_present` | column `i` of such an input, and its marker of a row that is there (not padded by an outer join) |
+//! | `__dfgrad_adj{i}`, `__dfgrad_term{i}`, `__dfgrad_d{k}`, `__dfgrad_key{j}` | adjoints (of an output, of a term), partial derivatives and group or row keys of the backward pass |
+//! | `__dfgrad_seed`, `__dfgrad_stats` | qualifiers of a group's adjoints and of its statistics while they are joined |
+//! | `__dfgrad_gradient`, `__dfgrad_table{k}` | a gradient table's derivative column, and the table's qualifier where it is joined |
+//! | `__dfgrad_duplicate_rows` | the check that a parameter relation's rows are told apart |
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, TableReference};
@@ -42,6 +50,20 @@ pub(crate) enum Placeholder {
     AddedWindow,
     /// A pre-projected aggregate argument for Acero (`__dfgrad_acero_{i}`).
     Acero,
+    /// A group statistic of a transpose rule (`__dfgrad_stat{k}`).
+    Stat,
+    /// A loss subquery's value bound below a marker (`__dfgrad_loss{k}`).
+    Loss,
+    /// Column `i` of a backward block's input (`__dfgrad_c{i}`).
+    LeafColumn,
+    /// An adjoint in the backward pass (`__dfgrad_adj{i}`).
+    Adjoint,
+    /// A partial derivative in the backward pass (`__dfgrad_d{k}`).
+    Partial,
+    /// A group or row key in the backward pass (`__dfgrad_key{j}`).
+    Key,
+    /// A term's adjoint in a backward block (`__dfgrad_term{i}`).
+    Term,
 }
 
 impl Placeholder {
@@ -55,6 +77,13 @@ impl Placeholder {
             Placeholder::AddedAggregate => "__dfgrad_agg",
             Placeholder::AddedWindow => "__dfgrad_window",
             Placeholder::Acero => "__dfgrad_acero_",
+            Placeholder::Stat => "__dfgrad_stat",
+            Placeholder::Loss => "__dfgrad_loss",
+            Placeholder::LeafColumn => "__dfgrad_c",
+            Placeholder::Adjoint => "__dfgrad_adj",
+            Placeholder::Partial => "__dfgrad_d",
+            Placeholder::Key => "__dfgrad_key",
+            Placeholder::Term => "__dfgrad_term",
         }
     }
 
@@ -99,6 +128,40 @@ impl Placeholder {
 pub(crate) fn outer_qualifier(k: usize) -> TableReference {
     TableReference::bare(format!("__dfgrad_outer{k}"))
 }
+
+/// The qualifier of the `k`-th input of a backward block (`__dfgrad_leaf{k}`).
+pub(crate) fn leaf_qualifier(k: usize) -> TableReference {
+    TableReference::bare(format!("__dfgrad_leaf{k}"))
+}
+
+/// The qualifier of the `k`-th gradient table joined below a node (`__dfgrad_table{k}`).
+pub(crate) fn gradient_table_qualifier(k: usize) -> TableReference {
+    TableReference::bare(format!("__dfgrad_table{k}"))
+}
+
+/// Whether `q` is a qualifier [`gradient_table_qualifier`] builds.
+pub(crate) fn is_gradient_table_qualifier(q: &TableReference) -> bool {
+    q.table()
+        .strip_prefix("__dfgrad_table")
+        .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A backward input's column telling a row that is there from one an outer
+/// join padded with NULLs.
+pub(crate) const PRESENT: &str = "__dfgrad_present";
+
+/// The qualifier of a group's adjoints while its statistics are joined to them.
+pub(crate) const SEED: &str = "__dfgrad_seed";
+
+/// The qualifier of a group's statistics while they are joined to its adjoints.
+pub(crate) const STATS: &str = "__dfgrad_stats";
+
+/// A gradient table's derivative column.
+pub(crate) const GRADIENT: &str = "__dfgrad_gradient";
+
+/// The function that fails on a parameter row its other columns do not
+/// tell apart.
+pub(crate) const DUPLICATE_ROWS: &str = "__dfgrad_duplicate_rows";
 
 /// The alias given to an input without a qualifier in exported SQL.
 pub(crate) const INPUT_ALIAS: &str = "__dfgrad_input";

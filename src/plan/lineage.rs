@@ -18,7 +18,9 @@
 //!   partial meaning;
 //! - a scalar subquery, aggregate, window or recursive CTE that reads the
 //!   rows the variable comes from again: its value depends on the variable
-//!   in the other rows too (relational reverse mode does not exist yet).
+//!   in the other rows too; a loss subquery in a SELECT list over the
+//!   variable's rows is differentiated by relational reverse mode before
+//!   this check (`crate::plan::reverse`), elsewhere it is refused.
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -95,6 +97,13 @@ impl<'p> Origin<'p> {
             }
         }
     }
+}
+
+/// The node that defines the value of column `idx` of `plan` (a table
+/// scan, a constant scan, the projection that computes it, an aggregate,
+/// …), and the value's index there.
+pub(crate) fn origin_of(plan: &LogicalPlan, idx: usize) -> Result<(&LogicalPlan, usize)> {
+    Ok(trace(plan, idx)?.node())
 }
 
 /// The identity of the value of column `idx` of `plan`.
@@ -958,9 +967,9 @@ pub(crate) fn rereads<T>(var: &dyn Display, what: &str) -> Result<T> {
         format!(
             "{what} reads the rows that the variable `{var}` comes from, so its value depends \
              on `{var}` in the other rows too; the derivative with respect to a table's rows \
-             (relational reverse mode) is not supported yet: differentiate each row's term \
-             inside that query and aggregate by the variable's row instead, e.g. \
-             `SELECT key, sum(grad(term, {var})) FROM … GROUP BY key`"
+             (relational reverse mode) is computed for a loss subquery in a SELECT list over \
+             the variable's rows (`SELECT key, grad((SELECT loss FROM s), {var}) FROM …`), \
+             not here: compute it there (in a CTE) and aggregate or filter its result"
         ),
     )
 }

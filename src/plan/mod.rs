@@ -26,6 +26,7 @@ pub mod dml;
 pub mod expand;
 pub mod free_variables;
 pub mod lineage;
+pub mod reverse;
 
 use datafusion::logical_expr::Expr;
 

@@ -38,6 +38,7 @@ pub mod arithmetic;
 pub mod elementary;
 pub mod piecewise;
 pub mod tensor;
+pub mod transpose;
 
 use std::collections::BTreeMap;
 use std::fmt;

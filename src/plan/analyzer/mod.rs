@@ -8,6 +8,9 @@
 //! - through aggregates: a marker whose `f` reads aggregate outputs is
 //!   rewritten by the chain rule across the Aggregate node (child module
 //!   `aggregates`);
+//! - with respect to a table's rows: a loss subquery in `f` that reads the
+//!   variable's own rows is differentiated by relational reverse mode, its
+//!   gradient table joined by the row (child module `tables`);
 //! - through scalar subqueries: a subquery in `f` that reads the variable is
 //!   differentiated inside (child module `subqueries`), and a marker inside
 //!   a subquery may differentiate with respect to an outer column or a
@@ -40,9 +43,11 @@ use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, Opt
 
 mod aggregates;
 mod subqueries;
+mod tables;
 
 use aggregates::through_aggregates;
 use subqueries::through_subqueries;
+use tables::through_tables;
 
 use super::dml::inline_updates;
 use super::expand::expand_markers;
@@ -161,6 +166,7 @@ fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
     }
+    let node = through_tables(node)?;
     refuse_rereads(&node)?;
     let (node, subqueries) = through_subqueries(node)?;
     let node = through_aggregates(node)?;

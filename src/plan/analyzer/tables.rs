@@ -1,0 +1,267 @@
+//! Differentiating with respect to a table's rows, in the scalar form:
+//! `grad((SELECT loss FROM s), p.val)` over the rows of `p`, where the loss
+//! query `s` reads `p` itself.
+//!
+//! The loss is then a function of the variable in *every* row of `p`, and
+//! `grad` at a row is the total derivative of the loss with respect to that
+//! row's value: relational reverse mode ([`crate::plan::reverse`]). The
+//! rewrite computes the loss's gradient table once, joins it to the node's
+//! input by the variable's row identity (the other columns of its
+//! relation), joins the loss's value as a column `__dfgrad_loss{k}` (the
+//! sum of the loss column over its rows, as the gradient is of), and the marker
+//! becomes `jvp(f, loss, gradient, x, 1)`: the chain rule through the loss,
+//! plus `f`'s own dependence on the row's `x`.
+//!
+//! ```sql
+//! -- a training step: each weight moved against its gradient
+//! UPDATE weight SET val = val - 0.1 * grad((SELECT loss FROM loss_view), val);
+//! ```
+//!
+//! The loss subquery must be uncorrelated (a loss correlated with the row
+//! is differentiated inside, see the sibling module `subqueries`). Where
+//! the variable is NULL, the derivative is NULL.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, NullEquality, ScalarValue};
+use datafusion::error::Result;
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::{
+    lit, when, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
+    ScalarUDF, Subquery, SubqueryAlias,
+};
+use datafusion::functions_aggregate::expr_fn::sum;
+
+use crate::engine::call::{as_marker, Marker};
+use crate::error::{fail, ErrorKind};
+use crate::plan::lineage::{origin_of, Scope};
+use crate::plan::reverse::{gradient_table, reads, Parameter};
+use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
+use crate::tensor::Shape;
+
+/// The gradient tables and loss values a node's markers need.
+#[derive(Default)]
+struct Found {
+    /// The loss subqueries, bound to `__dfgrad_loss{k}`.
+    losses: Vec<Subquery>,
+    /// `(loss k, variable, gradient table, the input's identity columns)`.
+    tables: Vec<(usize, Column, LogicalPlan, Vec<Expr>)>,
+}
+
+/// `node` with each marker whose `f` reads a loss subquery over the
+/// variable's own rows rewritten by relational reverse mode; see the
+/// [module docs](self).
+pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
+    let LogicalPlan::Projection(projection) = &node else {
+        return Ok(node);
+    };
+    let input = Arc::clone(&projection.input);
+    let names = NamePreserver::new(&node);
+    let mut found = Found::default();
+    let mut changed = false;
+    let mut exprs = Vec::new();
+    for e in node.expressions() {
+        let saved = names.save(&e);
+        let t = e.transform_down(|e| rewrite_marker(e, &input, &mut found))?;
+        changed |= t.transformed;
+        exprs.push(saved.restore(t.data));
+    }
+    if !changed {
+        return Ok(node);
+    }
+    let mut plan = input.as_ref().clone();
+    let mut passed: Vec<Expr> = input
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    for (t, (_, _, table, identity)) in found.tables.into_iter().enumerate() {
+        let qualifier = gradient_table_qualifier(t);
+        let on = identity
+            .into_iter()
+            .enumerate()
+            .map(|(j, e)| {
+                let key = Column::new(Some(qualifier.clone()), Placeholder::Key.name(j));
+                (e, Expr::Column(key))
+            })
+            .collect();
+        let table = SubqueryAlias::try_new(Arc::new(table), qualifier.clone())?;
+        plan = LogicalPlan::Join(Join::try_new(
+            Arc::new(plan),
+            Arc::new(LogicalPlan::SubqueryAlias(table)),
+            on,
+            None,
+            JoinType::Left,
+            JoinConstraint::On,
+            NullEquality::NullEqualsNull,
+            false,
+        )?);
+        passed.push(Expr::Column(Column::new(Some(qualifier), GRADIENT)));
+    }
+    // Each loss joined as a one-row relation (a scalar subquery expression
+    // cannot run everywhere a marker can, e.g. in UPDATE): the sum of its
+    // column over its rows, as its gradient table differentiates.
+    for (k, s) in found.losses.into_iter().enumerate() {
+        let name = Placeholder::Loss.name(k);
+        let value = Expr::Column(s.subquery.schema().columns()[0].clone());
+        let loss = LogicalPlanBuilder::from(s.subquery.as_ref().clone())
+            .aggregate(Vec::<Expr>::new(), vec![sum(value).alias(&name)])?
+            .build()?;
+        plan = LogicalPlan::Join(Join::try_new(
+            Arc::new(plan),
+            Arc::new(loss),
+            vec![],
+            None,
+            JoinType::Left,
+            JoinConstraint::On,
+            NullEquality::NullEqualsNothing,
+            false,
+        )?);
+        passed.push(Placeholder::Loss.column(k));
+    }
+    let plan = LogicalPlan::Projection(Projection::try_new(passed, Arc::new(plan))?);
+    node.with_new_exprs(exprs, vec![plan])
+}
+
+/// One marker: when its `f` reads a loss subquery over a variable's rows,
+/// the `jvp` form over the bound loss and its gradient table.
+fn rewrite_marker(
+    e: Expr,
+    input: &LogicalPlan,
+    found: &mut Found,
+) -> Result<Transformed<Expr>> {
+    let Some(call) = as_marker(&e) else {
+        return Ok(Transformed::no(e));
+    };
+    let (kind, rules) = (call.kind(), Arc::clone(call.marker.rules()));
+    let wrt = call.wrt_columns();
+    if wrt.len() != kind.wrt_positions(call.args.len())?.len() {
+        // Some variable is not a column: the marker itself refuses it.
+        return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
+    }
+    let mut origins = Vec::with_capacity(wrt.len());
+    for c in &wrt {
+        let Some(idx) = input.schema().maybe_index_of_column(c) else {
+            return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
+        };
+        origins.push(origin_of(input, idx)?);
+    }
+    // The uncorrelated subqueries of f (outside nested markers) that read
+    // a variable's rows.
+    let mut losses: Vec<Subquery> = Vec::new();
+    call.args[0].apply(|e| {
+        if as_marker(e).is_some() {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        if let Expr::ScalarSubquery(s) = e {
+            if s.outer_ref_columns.is_empty() && !losses.contains(s) {
+                for (relation, _) in &origins {
+                    if reads(&s.subquery, relation)? {
+                        losses.push(s.clone());
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if losses.is_empty() {
+        return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
+    }
+    let scope = Scope::new(vec![input])?;
+    let mut bound = Vec::with_capacity(losses.len());
+    for s in &losses {
+        let k = match found.losses.iter().position(|l| l == s) {
+            Some(k) => k,
+            None => {
+                found.losses.push(s.clone());
+                found.losses.len() - 1
+            }
+        };
+        bound.push(k);
+    }
+    let f = call.args[0]
+        .clone()
+        .transform_up(|e| match &e {
+            Expr::ScalarSubquery(s) => match losses.iter().position(|l| l == s) {
+                Some(i) => Ok(Transformed::yes(Placeholder::Loss.column(bound[i]))),
+                None => Ok(Transformed::no(e)),
+            },
+            _ => Ok(Transformed::no(e)),
+        })?
+        .data;
+    let mut totals = Vec::with_capacity(wrt.len());
+    for (c, &(relation, column)) in wrt.iter().zip(&origins) {
+        let field = input.schema().qualified_field_from_column(c)?.1;
+        if Shape::is_tensor_type(field.data_type()) {
+            return fail(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "`{c}` is a tensor column; the derivative with respect to a table's rows \
+                     (relational reverse mode) takes a numeric column"
+                ),
+            );
+        }
+        let identity: Vec<usize> = (0..relation.schema().fields().len())
+            .filter(|&i| i != column && scope.column_of(relation, i).is_some())
+            .collect();
+        let on: Vec<Expr> = identity
+            .iter()
+            .map(|&i| Expr::Column(scope.column_of(relation, i).expect("visible").clone()))
+            .collect();
+        let mut args = vec![f.clone()];
+        for (s, &k) in losses.iter().zip(&bound) {
+            args.push(Placeholder::Loss.column(k));
+            if !reads(&s.subquery, relation)? {
+                args.push(lit(0.0));
+                continue;
+            }
+            let t = match found
+                .tables
+                .iter()
+                .position(|(l, v, _, _)| *l == k && v == c)
+            {
+                Some(t) => t,
+                None => {
+                    let name = c.relation.as_ref().map_or(c.name.clone(), |r| r.to_string());
+                    let parameter = Parameter {
+                        relation,
+                        column,
+                        identity: &identity,
+                    };
+                    let table = {
+                        let table_rules = rules.read().expect("rule table lock");
+                        gradient_table(&s.subquery, parameter, &name, &table_rules)?
+                    };
+                    found.tables.push((k, c.clone(), table, on.clone()));
+                    found.tables.len() - 1
+                }
+            };
+            let gradient = Column::new(Some(gradient_table_qualifier(t)), GRADIENT);
+            args.push(datafusion::functions::core::expr_fn::coalesce(vec![
+                Expr::Column(gradient),
+                lit(0.0),
+            ]));
+        }
+        args.extend([Expr::Column(c.clone()), lit(1.0)]);
+        let jvp = Marker::jvp_with_nulls_like(Arc::clone(&rules), vec![]);
+        let total = Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::new(ScalarUDF::new_from_impl(jvp)),
+            args,
+        ));
+        totals.push(match field.is_nullable() {
+            true => when(
+                Expr::Column(c.clone()).is_null(),
+                lit(ScalarValue::Float64(None)),
+            )
+            .otherwise(total)?,
+            false => total,
+        });
+    }
+    let names = wrt.iter().map(|c| c.name.as_str());
+    let result = kind.assemble(call.args, names, totals)?;
+    Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
+}

@@ -1,0 +1,466 @@
+//! The backward pass over a loss's plan: blocks from the top down, each
+//! relational operator replaced by its transpose.
+//!
+//! A pass over a block (see [`super::block`]) is given a [`Seed`]: the
+//! block's output rows weighted by adjoints, `F = Σᵢ āᵢ(row)·vᵢ(row)`
+//! summed over the rows, where `vᵢ` are values of the row and `āᵢ` comes
+//! from above (1 for the loss column at the top; a group's adjoint times
+//! its aggregate's transpose partial below an aggregate, joined to the rows
+//! by the group keys). The engine differentiates `F` at each row with
+//! respect to the columns of the block's leaves (one reverse sweep,
+//! shared subexpressions), and the partials are summed per leaf row:
+//! - a parameter scan: per parameter row, by the row's identity columns:
+//!   the gradient's contribution;
+//! - an aggregate: per group, by its keys: the adjoints of its outputs,
+//!   which seed the pass over the aggregate's input through the transpose
+//!   rules of [`crate::rules::transpose`] (group statistics joined back);
+//! - a scalar subquery: one adjoint, seeding the pass over its plan.
+//!
+//! So a join's transpose is the join itself (the partials of a joined row
+//! go to both of its sides, and are summed per side's row), a filter's is
+//! the filter (rows dropped get nothing), a `UNION ALL`'s is the split into
+//! branches, and a table read several times gets the sum over its reads.
+
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, NullEquality};
+use datafusion::error::Result;
+use datafusion::functions_aggregate::count::count_udaf;
+use datafusion::functions_aggregate::sum::sum_udaf;
+use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
+use datafusion::logical_expr::{
+    cast, lit, Aggregate, Expr, ExprFunctionExt, Filter, Join, JoinConstraint,
+    JoinType, LogicalPlan, Projection, SubqueryAlias, Window, WindowFunctionDefinition,
+};
+use datafusion::arrow::datatypes::DataType;
+
+use super::block::{Alternative, Blocks, LeafKind};
+use crate::engine::{differentiate, Seed as Sweep};
+use crate::error::{fail, GradError};
+use crate::plan::unalias;
+use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
+use crate::rules::transpose::{transpose_rule, TransposeCall};
+use crate::rules::Rules;
+
+/// The adjoints a pass over a plan starts from.
+pub(super) struct Seed {
+    /// The relation of group adjoints and statistics (columns
+    /// `__dfgrad_key{j}`, `__dfgrad_adj{i}`, `__dfgrad_stat{k}`), and the
+    /// keys (expressions over the plan's output) its rows join by; `None`:
+    /// one adjoint for all rows.
+    pub relation: Option<(LogicalPlan, Vec<Expr>)>,
+    /// `(vᵢ, āᵢ)`: a value of the plan's output row, and its adjoint over
+    /// the row and the relation's columns.
+    pub terms: Vec<(Expr, Expr)>,
+}
+
+/// One backward pass, collecting the gradient's contributions.
+pub(super) struct Backward<'a> {
+    blocks: Blocks<'a>,
+    variable: usize,
+    identity: &'a [usize],
+    rules: &'a Rules,
+    /// Per reached parameter scan: `(__dfgrad_key{j}…, __dfgrad_gradient)`.
+    pub contributions: Vec<LogicalPlan>,
+}
+
+impl<'a> Backward<'a> {
+    /// A pass for the parameter relation `parameter`, differentiating with
+    /// respect to its column `variable`, its rows told apart by the columns
+    /// `identity`.
+    pub fn new(
+        parameter: &'a LogicalPlan,
+        variable: usize,
+        identity: &'a [usize],
+        rules: &'a Rules,
+    ) -> Self {
+        Self {
+            blocks: Blocks::new(parameter),
+            variable,
+            identity,
+            rules,
+            contributions: Vec::new(),
+        }
+    }
+
+    /// The pass over `plan` from `seed`.
+    pub fn pass(&mut self, plan: &LogicalPlan, seed: &Seed) -> Result<()> {
+        for alt in self.blocks.flatten(plan)? {
+            self.block(plan, alt, seed)?;
+        }
+        Ok(())
+    }
+
+    /// The pass over one alternative of the block of `plan`.
+    fn block(&mut self, plan: &LogicalPlan, alt: Alternative, seed: &Seed) -> Result<()> {
+        let targets: Vec<usize> = alt
+            .leaves
+            .iter()
+            .copied()
+            .filter(|&k| self.blocks.leaves[k].kind != LeafKind::Data)
+            .collect();
+        if targets.is_empty() || seed.terms.is_empty() {
+            return Ok(());
+        }
+        let schema = plan.schema();
+        let outputs = &alt.outputs;
+        let over_rows = |e: &Expr| -> Result<Expr> {
+            Ok(e.clone()
+                .transform_up(|e| match &e {
+                    Expr::Column(c) => match schema.maybe_index_of_column(c) {
+                        Some(i) => Ok(Transformed::yes(outputs[i].clone())),
+                        None => Ok(Transformed::no(e)),
+                    },
+                    _ => Ok(Transformed::no(e)),
+                })?
+                .data)
+        };
+        let mut rows = alt.rows.clone();
+        if let Some((relation, keys)) = &seed.relation {
+            let on = keys
+                .iter()
+                .enumerate()
+                .map(|(j, k)| Ok((over_rows(k)?, Placeholder::Key.column(j))))
+                .collect::<Result<Vec<_>>>()?;
+            rows = LogicalPlan::Join(Join::try_new(
+                Arc::new(rows),
+                Arc::new(relation.clone()),
+                on,
+                None,
+                JoinType::Inner,
+                JoinConstraint::On,
+                NullEquality::NullEqualsNull,
+                false,
+            )?);
+        }
+        // The adjoints as columns: constants to the engine.
+        let mut exprs = columns(&rows);
+        let mut f: Option<Expr> = None;
+        for (i, (value, adjoint)) in seed.terms.iter().enumerate() {
+            exprs.push(over_rows(adjoint)?.alias(Placeholder::Term.name(i)));
+            let term = Placeholder::Term.column(i) * over_rows(value)?;
+            f = Some(match f {
+                Some(f) => f + term,
+                None => term,
+            });
+        }
+        let f = f.expect("a term");
+        let weighted = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(rows))?);
+        // The columns differentiated, per target leaf.
+        let mut wrt: Vec<Column> = Vec::new();
+        let mut spans = Vec::with_capacity(targets.len());
+        for &k in &targets {
+            let leaf = &self.blocks.leaves[k];
+            let start = wrt.len();
+            let indexes: Vec<usize> = match leaf.kind {
+                LeafKind::Parameter => vec![self.variable],
+                _ => (0..leaf.plan.schema().fields().len())
+                    .filter(|&i| leaf.plan.schema().field(i).data_type().is_numeric())
+                    .collect(),
+            };
+            for &i in &indexes {
+                let Expr::Column(c) = leaf.column(i) else {
+                    unreachable!("a leaf column")
+                };
+                wrt.push(c);
+            }
+            spans.push((k, start, indexes));
+        }
+        let derivative = differentiate(&f, &wrt, Sweep::Grad, weighted.schema(), self.rules)?;
+        let mut exprs = columns(&weighted);
+        for (n, d) in derivative.exprs.into_iter().enumerate() {
+            exprs.push(d.alias(Placeholder::Partial.name(n)));
+        }
+        let partials = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(weighted))?);
+        for (k, start, indexes) in spans {
+            let leaf = self.blocks.leaves[k].clone();
+            let there = LogicalPlan::Filter(Filter::try_new(
+                leaf.present().is_not_null(),
+                Arc::new(partials.clone()),
+            )?);
+            let partial = |n: usize| sum(Placeholder::Partial.column(start + n));
+            match leaf.kind {
+                LeafKind::Parameter => {
+                    let keys: Vec<Expr> = self.identity.iter().map(|&i| leaf.column(i)).collect();
+                    let summed = aggregate(there, keys, vec![partial(0)])?;
+                    self.contributions.push(rename(&summed, self.identity.len(), &[GRADIENT])?);
+                }
+                LeafKind::Subquery => {
+                    let summed = aggregate(there, vec![], vec![partial(0)])?;
+                    let relation = rename(&summed, 0, &[&Placeholder::Adjoint.name(0)])?;
+                    let value = Expr::Column(leaf.plan.schema().columns()[0].clone());
+                    let seed = Seed {
+                        relation: Some((relation, vec![])),
+                        terms: vec![(value, Placeholder::Adjoint.column(0))],
+                    };
+                    self.pass(&leaf.plan, &seed)?;
+                }
+                LeafKind::Aggregate => {
+                    let LogicalPlan::Aggregate(a) = leaf.plan.as_ref() else {
+                        unreachable!("an aggregate leaf")
+                    };
+                    let keys: Vec<Expr> = (0..a.group_expr.len()).map(|j| leaf.column(j)).collect();
+                    let sums = (0..indexes.len()).map(partial).collect();
+                    let summed = aggregate(there, keys, sums)?;
+                    let names: Vec<String> =
+                        indexes.iter().map(|&i| Placeholder::Adjoint.name(i)).collect();
+                    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                    let adjoints = rename(&summed, a.group_expr.len(), &names)?;
+                    self.through_aggregate(a, adjoints, &indexes)?;
+                }
+                LeafKind::Data => unreachable!("data leaves are not targets"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The pass into the input of the aggregate `a`, given the adjoints of
+    /// its outputs `indexes` per group (`adjoints`: keys, then
+    /// `__dfgrad_adj{i}`).
+    fn through_aggregate(
+        &mut self,
+        a: &Aggregate,
+        adjoints: LogicalPlan,
+        indexes: &[usize],
+    ) -> Result<()> {
+        if matches!(a.group_expr.as_slice(), [Expr::GroupingSet(_)]) {
+            return fail(
+                crate::error::ErrorKind::NeedsPlanContext,
+                "the loss reads the parameter rows through GROUPING SETS, ROLLUP or CUBE, which \
+                 relational reverse mode does not differentiate through; write one GROUP BY per \
+                 grouping and UNION ALL them",
+            );
+        }
+        let nkeys = a.group_expr.len();
+        let mut stats: Vec<Expr> = Vec::new();
+        let mut terms: Vec<(Expr, Expr)> = Vec::new();
+        for &i in indexes {
+            let adjoint = Placeholder::Adjoint.column(i);
+            if i < nkeys {
+                // A group key used as a value: split evenly among its rows.
+                let n = count_rows(&mut stats);
+                terms.push((unalias(&a.group_expr[i]).clone(), adjoint / n));
+                continue;
+            }
+            let Expr::AggregateFunction(call) = unalias(&a.aggr_expr[i - nkeys]) else {
+                return fail(
+                    crate::error::ErrorKind::NeedsPlanContext,
+                    format!("unexpected aggregate expression `{}`", a.aggr_expr[i - nkeys]),
+                );
+            };
+            let name = call.func.name().to_string();
+            if call.params.distinct {
+                return Err(GradError::non_differentiable(
+                    &format!("{name}(DISTINCT …)"),
+                    "relational reverse mode has no transpose for an aggregate over distinct \
+                     values (which rows count depends on the values)",
+                )
+                .into());
+            }
+            let Some(rule) = transpose_rule(&call.func) else {
+                return Err(GradError::non_differentiable(
+                    &name,
+                    "this aggregate has no transpose rule for relational reverse mode (the \
+                     derivative with respect to a table's rows); sum, avg, count, max, min, \
+                     var, var_pop, stddev and stddev_pop have one",
+                )
+                .into());
+            };
+            let mut transpose = TransposeCall::new(call, &mut stats);
+            let partials = rule(&mut transpose)?;
+            for (arg, partial) in call.params.args.iter().zip(partials) {
+                if let Some(p) = partial {
+                    terms.push((arg.clone(), adjoint.clone() * p));
+                }
+            }
+        }
+        let relation = with_stats(a, adjoints, indexes, stats)?;
+        let keys = a.group_expr.iter().map(|e| unalias(e).clone()).collect();
+        self.pass(
+            &a.input,
+            &Seed {
+                relation: Some((relation, keys)),
+                terms,
+            },
+        )
+    }
+}
+
+/// `count(*)` over the group, as a Float64 statistic.
+fn count_rows(stats: &mut Vec<Expr>) -> Expr {
+    let stat = Expr::AggregateFunction(AggregateFunction::new_udf(
+        count_udaf(),
+        vec![lit(1)],
+        false,
+        None,
+        vec![],
+        None,
+    ));
+    let k = match stats.iter().position(|s| *s == stat) {
+        Some(k) => k,
+        None => {
+            stats.push(stat);
+            stats.len() - 1
+        }
+    };
+    cast(Placeholder::Stat.column(k), DataType::Float64)
+}
+
+/// The seed relation of `a`'s input: the group adjoints with the group
+/// statistics the transpose rules asked for joined to them (a statistic
+/// that reads another, like the ties of a maximum, over a window of the
+/// first).
+fn with_stats(
+    a: &Aggregate,
+    adjoints: LogicalPlan,
+    indexes: &[usize],
+    stats: Vec<Expr>,
+) -> Result<LogicalPlan> {
+    if stats.is_empty() {
+        return Ok(adjoints);
+    }
+    let nkeys = a.group_expr.len();
+    let keys: Vec<Expr> = a.group_expr.iter().map(|e| unalias(e).clone()).collect();
+    let reads_stat = |e: &Expr| {
+        e.exists(|e| Ok(matches!(e, Expr::Column(c) if Placeholder::Stat.claims(c))))
+            .unwrap_or(false)
+    };
+    // First-level statistics that a second-level one reads, as windows.
+    let second: Vec<bool> = stats.iter().map(reads_stat).collect();
+    let mut input = a.input.as_ref().clone();
+    if second.contains(&true) {
+        let mut windows = Vec::new();
+        for (k, s) in stats.iter().enumerate() {
+            if second[k] {
+                continue;
+            }
+            let Expr::AggregateFunction(call) = s else {
+                unreachable!("a statistic is an aggregate")
+            };
+            windows.push(
+                Expr::from(WindowFunction::new(
+                    WindowFunctionDefinition::AggregateUDF(Arc::clone(&call.func)),
+                    call.params.args.clone(),
+                ))
+                .partition_by(keys.clone())
+                .build()?
+                .alias(Placeholder::Stat.name(k)),
+            );
+        }
+        input = LogicalPlan::Window(Window::try_new(windows, Arc::new(input))?);
+    }
+    let aggregates: Vec<Expr> = stats
+        .iter()
+        .enumerate()
+        .map(|(k, s)| match second.contains(&true) && !second[k] {
+            // Already per group as a window: any row's value.
+            true => Expr::AggregateFunction(AggregateFunction::new_udf(
+                datafusion::functions_aggregate::min_max::max_udaf(),
+                vec![Placeholder::Stat.column(k)],
+                false,
+                None,
+                vec![],
+                None,
+            ))
+            .alias(Placeholder::Stat.name(k)),
+            false => s.clone().alias(Placeholder::Stat.name(k)),
+        })
+        .collect();
+    let grouped = aggregate(input, keys, aggregates)?;
+    let names: Vec<String> = (0..stats.len()).map(|k| Placeholder::Stat.name(k)).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let stats_rel = alias(rename(&grouped, nkeys, &names)?, STATS)?;
+    let seed = alias(adjoints, SEED)?;
+    let qualified = |q: &str, name: String| Expr::Column(Column::new(Some(q), name));
+    let on = (0..nkeys)
+        .map(|j| {
+            (
+                qualified(SEED, Placeholder::Key.name(j)),
+                qualified(STATS, Placeholder::Key.name(j)),
+            )
+        })
+        .collect();
+    let joined = LogicalPlan::Join(Join::try_new(
+        Arc::new(seed),
+        Arc::new(stats_rel),
+        on,
+        None,
+        JoinType::Left,
+        JoinConstraint::On,
+        NullEquality::NullEqualsNull,
+        false,
+    )?);
+    let mut exprs: Vec<Expr> = (0..nkeys)
+        .map(|j| qualified(SEED, Placeholder::Key.name(j)).alias(Placeholder::Key.name(j)))
+        .collect();
+    exprs.extend(
+        indexes
+            .iter()
+            .map(|&i| qualified(SEED, Placeholder::Adjoint.name(i)).alias(Placeholder::Adjoint.name(i))),
+    );
+    exprs.extend(
+        (0..stats.len())
+            .map(|k| qualified(STATS, Placeholder::Stat.name(k)).alias(Placeholder::Stat.name(k))),
+    );
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(joined),
+    )?))
+}
+
+/// Every column of `plan`, as expressions.
+pub(super) fn columns(plan: &LogicalPlan) -> Vec<Expr> {
+    plan.schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect()
+}
+
+/// `sum(e)`.
+pub(super) fn sum(e: Expr) -> Expr {
+    Expr::AggregateFunction(AggregateFunction::new_udf(
+        sum_udaf(),
+        vec![e],
+        false,
+        None,
+        vec![],
+        None,
+    ))
+}
+
+/// `input` grouped by `keys`, with `aggregates`.
+pub(super) fn aggregate(input: LogicalPlan, keys: Vec<Expr>, aggregates: Vec<Expr>) -> Result<LogicalPlan> {
+    Ok(LogicalPlan::Aggregate(Aggregate::try_new(
+        Arc::new(input),
+        keys,
+        aggregates,
+    )?))
+}
+
+/// `plan`'s first `nkeys` columns renamed `__dfgrad_key{j}` and the rest `names`.
+pub(super) fn rename(plan: &LogicalPlan, nkeys: usize, names: &[&str]) -> Result<LogicalPlan> {
+    let exprs = plan
+        .schema()
+        .columns()
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| match i < nkeys {
+            true => Expr::Column(c).alias(Placeholder::Key.name(i)),
+            false => Expr::Column(c).alias(names[i - nkeys]),
+        })
+        .collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::new(plan.clone()),
+    )?))
+}
+
+/// `plan` under the qualifier `name`.
+fn alias(plan: LogicalPlan, name: &str) -> Result<LogicalPlan> {
+    Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+        Arc::new(plan),
+        name,
+    )?))
+}

@@ -1,0 +1,142 @@
+//! Relational reverse mode: the gradient of a loss query with respect to
+//! every row of a parameter relation.
+//!
+//! The loss is a scalar computed by a query (here: the first column of its
+//! plan, summed over its rows). The variable is a column of a relation (a
+//! table, CTE or view: the *parameter relation*) that the loss reads, maybe
+//! several times and through any plan. The derivative with respect to one
+//! row's value is the total derivative of the loss with respect to that
+//! value: one backward pass over the loss's plan ([`backward`]), over its
+//! blocks of row-wise operators ([`block`]), each relational operator
+//! replaced by its transpose (projection: the engine's per-row reverse
+//! sweep; filter: the kept rows; join: the partials summed per side's row;
+//! GROUP BY aggregates: the group's adjoint sent to its rows by the
+//! transpose rules of [`crate::rules::transpose`]; `UNION ALL`: split; a
+//! relation read several times: summed).
+//!
+//! Conditions (`WHERE`, `JOIN … ON`, `CASE`, group keys as groupings) are
+//! piecewise constant, as in the scalar rules. A NULL contribution sends no
+//! gradient. Parameter rows the loss never reads get 0.
+//!
+//! The result is a *gradient table*: one row per parameter row, keyed by
+//! the row's identity (its other columns, `__dfgrad_key{j}`), with the
+//! derivative in `__dfgrad_gradient`. Two parameter rows with the same
+//! identity cannot be told apart: the table fails with a typed
+//! `invalid_wrt` error when it is computed.
+//!
+//! ```sql
+//! -- ∂loss/∂val for each row of p: 12 and 30
+//! WITH p(g, val) AS (VALUES (1, 2.0), (2, 3.0)),
+//!      d(g, x) AS (VALUES (1, 1.0), (1, 2.0), (2, 5.0)),
+//!      s AS (SELECT sum(d.x * p.val * p.val) AS loss FROM d JOIN p ON p.g = d.g)
+//! SELECT p.g, grad((SELECT loss FROM s), p.val) FROM p;
+//! ```
+
+mod backward;
+mod block;
+mod duplicates;
+
+use datafusion::common::Column;
+use datafusion::error::Result;
+use datafusion::logical_expr::{lit, when, Expr, LogicalPlan, LogicalPlanBuilder, ScalarUDF};
+
+use backward::{aggregate, columns, rename, sum, Backward, Seed};
+use duplicates::DuplicateRows;
+
+use crate::error::{fail, ErrorKind};
+use crate::reserved::{Placeholder, GRADIENT};
+use crate::rules::{num, Rules};
+
+/// A column of a parameter relation, differentiated with respect to at
+/// every row.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Parameter<'a> {
+    /// The relation (a node the loss's plan holds wherever it reads it).
+    pub relation: &'a LogicalPlan,
+    /// The variable's column in it.
+    pub column: usize,
+    /// The columns that tell its rows apart.
+    pub identity: &'a [usize],
+}
+
+/// The gradient table of the loss `loss` (its first column, summed over
+/// its rows) with respect to `parameter`: columns `__dfgrad_key{j}` (the
+/// identity columns, in order) and `__dfgrad_gradient`, one row per
+/// parameter row; see the [module docs](self).
+pub(crate) fn gradient_table(
+    loss: &LogicalPlan,
+    parameter: Parameter,
+    name: &str,
+    rules: &Rules,
+) -> Result<LogicalPlan> {
+    let value = loss.schema().field(0);
+    if !value.data_type().is_numeric() {
+        return fail(
+            ErrorKind::UnsupportedType,
+            format!(
+                "the loss `{}` is of type {}; a loss differentiated with respect to a table's \
+                 rows must be numeric",
+                value.name(),
+                value.data_type()
+            ),
+        );
+    }
+    let mut backward = Backward::new(
+        parameter.relation,
+        parameter.column,
+        parameter.identity,
+        rules,
+    );
+    let seed = Seed {
+        relation: None,
+        terms: vec![(Expr::Column(loss.schema().columns()[0].clone()), num(1.0))],
+    };
+    backward.pass(loss, &seed)?;
+    // Every parameter row, with 0 and a row count.
+    let count = Placeholder::Stat.name(0);
+    let schema = parameter.relation.schema();
+    let mut exprs: Vec<Expr> = parameter
+        .identity
+        .iter()
+        .enumerate()
+        .map(|(j, &i)| Expr::Column(Column::from(schema.qualified_field(i))).alias(Placeholder::Key.name(j)))
+        .collect();
+    exprs.extend([num(0.0).alias(GRADIENT), lit(1i64).alias(&count)]);
+    let mut all = LogicalPlanBuilder::from(parameter.relation.clone()).project(exprs)?;
+    for c in backward.contributions {
+        let mut exprs = columns(&c);
+        exprs.push(lit(0i64).alias(&count));
+        let c = LogicalPlanBuilder::from(c).project(exprs)?.build()?;
+        all = all.union(c)?;
+    }
+    let nkeys = parameter.identity.len();
+    let keys: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
+    let summed = aggregate(
+        all.build()?,
+        keys,
+        vec![
+            sum(Expr::Column(Column::new_unqualified(GRADIENT))),
+            sum(Placeholder::Stat.column(0)),
+        ],
+    )?;
+    let summed = rename(&summed, nkeys, &[GRADIENT, &count])?;
+    let identity: Vec<String> = parameter
+        .identity
+        .iter()
+        .map(|&i| schema.field(i).name().clone())
+        .collect();
+    let check = ScalarUDF::new_from_impl(DuplicateRows::new(name, &identity));
+    let n = Placeholder::Stat.column(0);
+    let mut exprs: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
+    exprs.push(
+        when(n.clone().gt(lit(1i64)), check.call(vec![n]))
+            .otherwise(Expr::Column(Column::new_unqualified(GRADIENT)))?
+            .alias(GRADIENT),
+    );
+    LogicalPlanBuilder::from(summed).project(exprs)?.build()
+}
+
+/// Whether `loss` reads the rows of `relation` (a node equal to it).
+pub(crate) fn reads(loss: &LogicalPlan, relation: &LogicalPlan) -> Result<bool> {
+    block::Blocks::new(relation).reads(loss)
+}
