@@ -32,6 +32,8 @@ mod layers;
 mod properties;
 #[path = "readme.rs"]
 mod readme;
+#[path = "relational_properties.rs"]
+mod relational_properties;
 #[path = "sizes.rs"]
 mod sizes;
 #[path = "substrait.rs"]

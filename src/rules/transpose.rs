@@ -15,7 +15,7 @@
 //! | `sum(g)` | `1` |
 //! | `avg(g)` | `1 / count(g)` |
 //! | `count(…)` | none (piecewise constant) |
-//! | `max(g)` / `min(g)` | `[g = m] / count(g = m)`, `m` the group's max / min: ties split evenly, as JAX does |
+//! | `max(g)` / `min(g)` | `[g = m] / count(g = m)`, `m` the group's max / min: ties split evenly, as JAX does (values within a relative 1e-9 count as ties, see [`near`]) |
 //! | `var_pop(g)` / `var(g)` | `2·(g − ḡ) / n` / `2·(g − ḡ) / (n − 1)` |
 //! | `stddev_pop(g)` / `stddev(g)` | `(g − ḡ) / (n·σ)` / `(g − ḡ) / ((n − 1)·s)` |
 //!
@@ -41,6 +41,8 @@ use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{when, AggregateUDF, Expr};
+
+use datafusion::functions::math::expr_fn::abs;
 
 use super::num;
 use crate::reserved::Placeholder;
@@ -140,10 +142,21 @@ fn count(c: &mut TransposeCall) -> Expr {
 /// `max(g)` / `min(g)`: `[g = m] / count(g = m)`.
 fn extreme(c: &mut TransposeCall, kind: Arc<AggregateUDF>) -> Result<Vec<Option<Expr>>> {
     let m = c.group(kind, vec![c.arg(0)]);
-    let at = c.arg(0).eq(m);
+    let at = near(c.arg(0), m);
     let ties = c.group(sum_udaf(), vec![when(at.clone(), num(1.0)).end()?]);
     let partial = when(at, num(1.0) / ties).otherwise(num(0.0))?;
     Ok(vec![Some(c.filtered(partial)?)])
+}
+
+/// `a = b`, or within a relative 1e-9: the backward pass recomputes the
+/// values it compares (a sum over partitions may come out in another
+/// order, different in the last bits), so exact equality could miss the
+/// row that attains a maximum. Values that close count as ties.
+pub fn near(a: Expr, b: Expr) -> Expr {
+    let scale = abs(a.clone()) + abs(b.clone());
+    a.clone()
+        .eq(b.clone())
+        .or(abs(a - b).lt_eq(num(1e-9) * scale + num(1e-300)))
 }
 
 /// The variance family: `scale·(g − ḡ) / ((n − ddof)·s)`, `s` 1 for a variance.

@@ -26,13 +26,13 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, NullEquality, ScalarValue};
 use datafusion::error::Result;
+use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
     lit, when, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
     ScalarUDF, Subquery, SubqueryAlias,
 };
-use datafusion::functions_aggregate::expr_fn::sum;
 
 use crate::engine::call::{as_marker, Marker};
 use crate::error::{fail, ErrorKind};
@@ -128,11 +128,7 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
 
 /// One marker: when its `f` reads a loss subquery over a variable's rows,
 /// the `jvp` form over the bound loss and its gradient table.
-fn rewrite_marker(
-    e: Expr,
-    input: &LogicalPlan,
-    found: &mut Found,
-) -> Result<Transformed<Expr>> {
+fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Transformed<Expr>> {
     let Some(call) = as_marker(&e) else {
         return Ok(Transformed::no(e));
     };
@@ -226,15 +222,20 @@ fn rewrite_marker(
             {
                 Some(t) => t,
                 None => {
-                    let name = c.relation.as_ref().map_or(c.name.clone(), |r| r.to_string());
+                    let name = c
+                        .relation
+                        .as_ref()
+                        .map_or(c.name.clone(), |r| r.to_string());
+                    let identity_names: Vec<String> = on.iter().map(|e| e.to_string()).collect();
                     let parameter = Parameter {
                         relation,
                         column,
                         identity: &identity,
+                        names: (&name, &identity_names),
                     };
                     let table = {
                         let table_rules = rules.read().expect("rule table lock");
-                        gradient_table(&s.subquery, parameter, &name, &table_rules)?
+                        gradient_table(&s.subquery, parameter, &table_rules)?
                     };
                     found.tables.push((k, c.clone(), table, on.clone()));
                     found.tables.len() - 1

@@ -23,6 +23,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, NullEquality};
 use datafusion::error::Result;
@@ -30,17 +31,16 @@ use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::{
-    cast, lit, Aggregate, Expr, ExprFunctionExt, Filter, Join, JoinConstraint,
+    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Filter, Join, JoinConstraint,
     JoinType, LogicalPlan, Projection, SubqueryAlias, Window, WindowFunctionDefinition,
 };
-use datafusion::arrow::datatypes::DataType;
 
 use super::block::{Alternative, Blocks, LeafKind};
 use crate::engine::{differentiate, Seed as Sweep};
 use crate::error::{fail, GradError};
 use crate::plan::unalias;
 use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
-use crate::rules::transpose::{transpose_rule, TransposeCall};
+use crate::rules::transpose::{near, transpose_rule, TransposeCall};
 use crate::rules::Rules;
 
 /// The adjoints a pass over a plan starts from.
@@ -118,21 +118,15 @@ impl<'a> Backward<'a> {
         };
         let mut rows = alt.rows.clone();
         if let Some((relation, keys)) = &seed.relation {
-            let on = keys
+            let pairs = keys
                 .iter()
                 .enumerate()
-                .map(|(j, k)| Ok((over_rows(k)?, Placeholder::Key.column(j))))
+                .map(|(j, k)| {
+                    let float = k.get_type(schema)?.is_floating();
+                    Ok((over_rows(k)?, Placeholder::Key.column(j), float))
+                })
                 .collect::<Result<Vec<_>>>()?;
-            rows = LogicalPlan::Join(Join::try_new(
-                Arc::new(rows),
-                Arc::new(relation.clone()),
-                on,
-                None,
-                JoinType::Inner,
-                JoinConstraint::On,
-                NullEquality::NullEqualsNull,
-                false,
-            )?);
+            rows = key_join(rows, relation.clone(), pairs, JoinType::Inner)?;
         }
         // The adjoints as columns: constants to the engine.
         let mut exprs = columns(&rows);
@@ -156,9 +150,16 @@ impl<'a> Backward<'a> {
             let indexes: Vec<usize> = match leaf.kind {
                 LeafKind::Parameter => vec![self.variable],
                 _ => (0..leaf.plan.schema().fields().len())
-                    .filter(|&i| leaf.plan.schema().field(i).data_type().is_numeric())
+                    // Integer values (counts, keys) are piecewise constant.
+                    .filter(|&i| {
+                        let t = leaf.plan.schema().field(i).data_type();
+                        t.is_floating() || t.is_decimal()
+                    })
                     .collect(),
             };
+            if indexes.is_empty() {
+                continue;
+            }
             for &i in &indexes {
                 let Expr::Column(c) = leaf.column(i) else {
                     unreachable!("a leaf column")
@@ -166,6 +167,9 @@ impl<'a> Backward<'a> {
                 wrt.push(c);
             }
             spans.push((k, start, indexes));
+        }
+        if wrt.is_empty() {
+            return Ok(());
         }
         let derivative = differentiate(&f, &wrt, Sweep::Grad, weighted.schema(), self.rules)?;
         let mut exprs = columns(&weighted);
@@ -184,7 +188,8 @@ impl<'a> Backward<'a> {
                 LeafKind::Parameter => {
                     let keys: Vec<Expr> = self.identity.iter().map(|&i| leaf.column(i)).collect();
                     let summed = aggregate(there, keys, vec![partial(0)])?;
-                    self.contributions.push(rename(&summed, self.identity.len(), &[GRADIENT])?);
+                    self.contributions
+                        .push(rename(&summed, self.identity.len(), &[GRADIENT])?);
                 }
                 LeafKind::Subquery => {
                     let summed = aggregate(there, vec![], vec![partial(0)])?;
@@ -203,8 +208,10 @@ impl<'a> Backward<'a> {
                     let keys: Vec<Expr> = (0..a.group_expr.len()).map(|j| leaf.column(j)).collect();
                     let sums = (0..indexes.len()).map(partial).collect();
                     let summed = aggregate(there, keys, sums)?;
-                    let names: Vec<String> =
-                        indexes.iter().map(|&i| Placeholder::Adjoint.name(i)).collect();
+                    let names: Vec<String> = indexes
+                        .iter()
+                        .map(|&i| Placeholder::Adjoint.name(i))
+                        .collect();
                     let names: Vec<&str> = names.iter().map(String::as_str).collect();
                     let adjoints = rename(&summed, a.group_expr.len(), &names)?;
                     self.through_aggregate(a, adjoints, &indexes)?;
@@ -246,7 +253,10 @@ impl<'a> Backward<'a> {
             let Expr::AggregateFunction(call) = unalias(&a.aggr_expr[i - nkeys]) else {
                 return fail(
                     crate::error::ErrorKind::NeedsPlanContext,
-                    format!("unexpected aggregate expression `{}`", a.aggr_expr[i - nkeys]),
+                    format!(
+                        "unexpected aggregate expression `{}`",
+                        a.aggr_expr[i - nkeys]
+                    ),
                 );
             };
             let name = call.func.name().to_string();
@@ -368,37 +378,32 @@ fn with_stats(
         })
         .collect();
     let grouped = aggregate(input, keys, aggregates)?;
-    let names: Vec<String> = (0..stats.len()).map(|k| Placeholder::Stat.name(k)).collect();
+    let names: Vec<String> = (0..stats.len())
+        .map(|k| Placeholder::Stat.name(k))
+        .collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let stats_rel = alias(rename(&grouped, nkeys, &names)?, STATS)?;
     let seed = alias(adjoints, SEED)?;
     let qualified = |q: &str, name: String| Expr::Column(Column::new(Some(q), name));
-    let on = (0..nkeys)
+    let pairs = (0..nkeys)
         .map(|j| {
-            (
+            let float = unalias(&a.group_expr[j])
+                .get_type(a.input.schema())?
+                .is_floating();
+            Ok((
                 qualified(SEED, Placeholder::Key.name(j)),
                 qualified(STATS, Placeholder::Key.name(j)),
-            )
+                float,
+            ))
         })
-        .collect();
-    let joined = LogicalPlan::Join(Join::try_new(
-        Arc::new(seed),
-        Arc::new(stats_rel),
-        on,
-        None,
-        JoinType::Left,
-        JoinConstraint::On,
-        NullEquality::NullEqualsNull,
-        false,
-    )?);
+        .collect::<Result<Vec<_>>>()?;
+    let joined = key_join(seed, stats_rel, pairs, JoinType::Left)?;
     let mut exprs: Vec<Expr> = (0..nkeys)
         .map(|j| qualified(SEED, Placeholder::Key.name(j)).alias(Placeholder::Key.name(j)))
         .collect();
-    exprs.extend(
-        indexes
-            .iter()
-            .map(|&i| qualified(SEED, Placeholder::Adjoint.name(i)).alias(Placeholder::Adjoint.name(i))),
-    );
+    exprs.extend(indexes.iter().map(|&i| {
+        qualified(SEED, Placeholder::Adjoint.name(i)).alias(Placeholder::Adjoint.name(i))
+    }));
     exprs.extend(
         (0..stats.len())
             .map(|k| qualified(STATS, Placeholder::Stat.name(k)).alias(Placeholder::Stat.name(k))),
@@ -406,6 +411,42 @@ fn with_stats(
     Ok(LogicalPlan::Projection(Projection::try_new(
         exprs,
         Arc::new(joined),
+    )?))
+}
+
+/// `left` joined to `right` by keys `(l, r, float)`: NULL equal to NULL;
+/// exact keys by equality, floating-point ones within a relative 1e-9
+/// ([`near`]): both sides are recomputed, and a sum over partitions may
+/// come out in another order, different in the last bits.
+fn key_join(
+    left: LogicalPlan,
+    right: LogicalPlan,
+    pairs: Vec<(Expr, Expr, bool)>,
+    join_type: JoinType,
+) -> Result<LogicalPlan> {
+    let mut on = Vec::new();
+    let mut filter: Option<Expr> = None;
+    for (l, r, float) in pairs {
+        if !float {
+            on.push((l, r));
+            continue;
+        }
+        let both_null = l.clone().is_null().and(r.clone().is_null());
+        let matches = both_null.or(near(l, r));
+        filter = Some(match filter {
+            Some(f) => f.and(matches),
+            None => matches,
+        });
+    }
+    Ok(LogicalPlan::Join(Join::try_new(
+        Arc::new(left),
+        Arc::new(right),
+        on,
+        filter,
+        join_type,
+        JoinConstraint::On,
+        NullEquality::NullEqualsNull,
+        false,
     )?))
 }
 
@@ -431,7 +472,11 @@ pub(super) fn sum(e: Expr) -> Expr {
 }
 
 /// `input` grouped by `keys`, with `aggregates`.
-pub(super) fn aggregate(input: LogicalPlan, keys: Vec<Expr>, aggregates: Vec<Expr>) -> Result<LogicalPlan> {
+pub(super) fn aggregate(
+    input: LogicalPlan,
+    keys: Vec<Expr>,
+    aggregates: Vec<Expr>,
+) -> Result<LogicalPlan> {
     Ok(LogicalPlan::Aggregate(Aggregate::try_new(
         Arc::new(input),
         keys,

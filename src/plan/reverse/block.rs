@@ -143,8 +143,7 @@ impl<'a> Blocks<'a> {
                 .into_iter()
                 .map(|mut alt| {
                     let predicate = self.substitute(&f.predicate, f.input.schema(), &mut alt)?;
-                    alt.rows =
-                        LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(alt.rows))?);
+                    alt.rows = LogicalPlan::Filter(Filter::try_new(predicate, Arc::new(alt.rows))?);
                     Ok(alt)
                 })
                 .collect(),
@@ -307,7 +306,9 @@ impl<'a> Blocks<'a> {
 fn refuse<T>(plan: &LogicalPlan) -> Result<T> {
     let what = match plan {
         LogicalPlan::Join(j) => format!("a {} join", j.join_type),
-        LogicalPlan::Sort(_) | LogicalPlan::Limit(_) => "LIMIT (a selection of rows by order)".into(),
+        LogicalPlan::Sort(_) | LogicalPlan::Limit(_) => {
+            "LIMIT (a selection of rows by order)".into()
+        }
         LogicalPlan::Distinct(_) => "DISTINCT".into(),
         LogicalPlan::Window(_) => "a window function".into(),
         LogicalPlan::RecursiveQuery(_) => "a recursive CTE".into(),

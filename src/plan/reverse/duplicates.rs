@@ -51,7 +51,11 @@ impl ScalarUDFImpl for DuplicateRows {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let n = args.args[0].to_array(args.number_rows)?;
         let n = cast(&n, &DataType::Int64)?;
-        if !n.as_primitive::<Int64Type>().iter().any(|n| n.unwrap_or(0) > 1) {
+        if !n
+            .as_primitive::<Int64Type>()
+            .iter()
+            .any(|n| n.unwrap_or(0) > 1)
+        {
             return Ok(ColumnarValue::Array(new_null_array(
                 &DataType::Float64,
                 args.number_rows,

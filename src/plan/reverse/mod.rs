@@ -57,6 +57,8 @@ pub(crate) struct Parameter<'a> {
     pub column: usize,
     /// The columns that tell its rows apart.
     pub identity: &'a [usize],
+    /// How messages name the relation and the identity columns.
+    pub names: (&'a str, &'a [String]),
 }
 
 /// The gradient table of the loss `loss` (its first column, summed over
@@ -66,7 +68,6 @@ pub(crate) struct Parameter<'a> {
 pub(crate) fn gradient_table(
     loss: &LogicalPlan,
     parameter: Parameter,
-    name: &str,
     rules: &Rules,
 ) -> Result<LogicalPlan> {
     let value = loss.schema().field(0);
@@ -99,7 +100,9 @@ pub(crate) fn gradient_table(
         .identity
         .iter()
         .enumerate()
-        .map(|(j, &i)| Expr::Column(Column::from(schema.qualified_field(i))).alias(Placeholder::Key.name(j)))
+        .map(|(j, &i)| {
+            Expr::Column(Column::from(schema.qualified_field(i))).alias(Placeholder::Key.name(j))
+        })
         .collect();
     exprs.extend([num(0.0).alias(GRADIENT), lit(1i64).alias(&count)]);
     let mut all = LogicalPlanBuilder::from(parameter.relation.clone()).project(exprs)?;
@@ -120,12 +123,8 @@ pub(crate) fn gradient_table(
         ],
     )?;
     let summed = rename(&summed, nkeys, &[GRADIENT, &count])?;
-    let identity: Vec<String> = parameter
-        .identity
-        .iter()
-        .map(|&i| schema.field(i).name().clone())
-        .collect();
-    let check = ScalarUDF::new_from_impl(DuplicateRows::new(name, &identity));
+    let (name, identity) = parameter.names;
+    let check = ScalarUDF::new_from_impl(DuplicateRows::new(name, identity));
     let n = Placeholder::Stat.column(0);
     let mut exprs: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
     exprs.push(
