@@ -457,3 +457,15 @@ fn differentiate_sql_refusals_are_typed() {
         "NaN",
     );
 }
+
+#[tokio::test]
+async fn relational_reverse_mode_is_refused_not_printed_wrong() {
+    let sql = "SELECT k, grad((SELECT sum(x * x * y) FROM t), x) FROM t";
+    for dialect in [SqlDialect::DuckDb, SqlDialect::Postgres] {
+        assert_refused(
+            rewrite(sql, dialect).await,
+            ErrorKind::Unexportable,
+            "relational reverse mode",
+        );
+    }
+}

@@ -34,7 +34,7 @@ use super::dialect::Target;
 use super::lower::lower;
 use super::tidy::tidy;
 use super::SqlDialect;
-use crate::error::{ErrorKind, GradError};
+use crate::error::{fail, ErrorKind, GradError};
 use crate::plan::bindings::printable;
 
 /// Prints plans as statements of one dialect.
@@ -55,6 +55,7 @@ impl Printer {
 
     /// `plan` (analyzed, without markers) as one statement.
     pub(crate) fn statement(&self, plan: &LogicalPlan) -> Result<String> {
+        refuse_gradient_tables(plan)?;
         let plan = self.lower_plan(plan.clone())?;
         match &plan {
             LogicalPlan::Dml(dml) => match &dml.op {
@@ -581,4 +582,23 @@ fn unexportable<T>(what: impl std::fmt::Display) -> Result<T> {
         format!("cannot export {what} as SQL text"),
     )
     .into())
+}
+
+/// Refuses a plan that joins a gradient table (relational reverse mode):
+/// its backward pass is not printed as SQL text yet.
+fn refuse_gradient_tables(plan: &LogicalPlan) -> Result<()> {
+    use datafusion::common::tree_node::TreeNode;
+    let joined = plan.exists(|node| {
+        Ok(matches!(node, LogicalPlan::SubqueryAlias(s)
+            if crate::reserved::is_gradient_table_qualifier(&s.alias)))
+    })?;
+    match joined {
+        true => fail(
+            ErrorKind::Unexportable,
+            "the statement differentiates with respect to a table's rows (a loss query that \
+             reads the variable's own rows: relational reverse mode), whose backward pass is \
+             not exported as SQL text yet; run it in datafusion-grad",
+        ),
+        false => Ok(()),
+    }
 }
