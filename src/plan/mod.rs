@@ -5,6 +5,9 @@
 //!   rewrites through aggregates and scalar subqueries (child modules);
 //! - [`lineage`]: where a column a marker reads comes from (derived columns
 //!   inlined, re-reads of the variable's rows refused);
+//! - [`reverse`]: relational reverse mode, the gradient of a loss query
+//!   with respect to every row of a parameter relation (a backward pass
+//!   over the loss's plan, one transpose per relational operator);
 //! - [`free_variables`]: variables from outside the rows (outer references,
 //!   `PREPARE` parameters) localized as columns;
 //! - [`expand`]: one marker call as self-contained expressions (what

@@ -10,7 +10,10 @@
 //! To find the rule for `atan2`, look in [`elementary`]; for `*` or `power`,
 //! in [`arithmetic`]; for `CASE`, `greatest`, `abs`, `CAST`, in [`piecewise`];
 //! for `matmul`, `softmax`, `cross_entropy` and the other tensor functions,
-//! in [`tensor`].
+//! in [`tensor`]. Aggregates have two tables: [`aggregate`] (forward,
+//! through an aggregate grouped by the variable) and [`transpose`]
+//! (reverse, from a group's adjoint to its rows, for relational reverse
+//! mode).
 //!
 //! A scalar primitive's partial is a number ([`Partial::Value`]) that flows
 //! are multiplied by. A tensor primitive's partial is a linear map given in

@@ -6,8 +6,8 @@
 //! table, CTE or view: the *parameter relation*) that the loss reads, maybe
 //! several times and through any plan. The derivative with respect to one
 //! row's value is the total derivative of the loss with respect to that
-//! value: one backward pass over the loss's plan ([`backward`]), over its
-//! blocks of row-wise operators ([`block`]), each relational operator
+//! value: one backward pass over the loss's plan (child module `backward`), over its
+//! blocks of row-wise operators (child module `block`), each relational operator
 //! replaced by its transpose (projection: the engine's per-row reverse
 //! sweep; filter: the kept rows; join: the partials summed per side's row;
 //! GROUP BY aggregates: the group's adjoint sent to its rows by the
