@@ -31,7 +31,7 @@
 //! | primitives | [`tensor`], [`rules`] | tensor kernels and functions; the derivative rule of each primitive (a table, like JAX's jvp registry) |
 //! | engine | [`engine`] | differentiates one expression over a hash-consed DAG, reverse or forward mode, shared parts bound once |
 //! | plan | [`plan`] | the analyzer rule and the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, broadcast) |
-//! | frontends | [`marker`], [`export`], `substrait` (feature) | the SQL functions, SQL text export, Substrait |
+//! | frontends | [`marker`], [`table_factor`], [`export`], `substrait` (feature) | the SQL functions, `grad(loss, tbl.col)` in FROM, SQL text export, Substrait |
 //! | installation | this crate root: [`register`], [`session_context`] | everything installed into a `SessionContext` |
 //! | on top | `ballista` (feature), `dfgrad` (binary), the Python package | distributed execution, the CLI, Python |
 //!
@@ -59,6 +59,7 @@ pub mod export;
 pub mod marker;
 #[cfg(feature = "substrait")]
 pub mod substrait;
+pub mod table_factor;
 
 use std::sync::{Arc, RwLock};
 
@@ -101,6 +102,8 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     tensor::register(ctx);
     options::register(ctx);
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
+    ctx.register_relation_planner(Arc::new(table_factor::GradRelation))
+        .expect("a relation planner registers");
     ctx.add_optimizer_rule(Arc::new(InlineUpdates));
     let state = ctx.state_ref();
     let mut state = state.write();

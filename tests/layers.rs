@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("plan", 3),
     ("marker", 4),
     ("export", 4),
+    ("table_factor", 4),
     ("substrait", 4),
     ("lib", 5),
     ("ballista", 5),
