@@ -85,8 +85,12 @@ impl RelationPlanner for GradRelation {
                 ),
             );
         };
-        let loss_plan = context.plan(table_named(loss))?;
-        let table_plan = context.plan(table_named(table))?;
+        let loss_plan = context
+            .plan(table_named(loss))
+            .map_err(|e| unresolved(e, loss))?;
+        let table_plan = context
+            .plan(table_named(table))
+            .map_err(|e| unresolved(e, table))?;
         let column = context.normalize_ident(column.clone());
         let value = Expr::Column(loss_plan.schema().columns()[0].clone());
         let summed = LogicalPlanBuilder::from(loss_plan)
@@ -157,6 +161,37 @@ fn table_named(parts: &[ast::Ident]) -> TableFactor {
         sample: None,
         index_hints: vec![],
     }
+}
+
+/// `err` (planning the relation `parts`), explained where DataFusion did
+/// not resolve it: DataFusion 55 resolves the tables and views of a
+/// statement before planning it, from its FROM clauses, and the arguments of
+/// a table function are not among them.
+fn unresolved(err: DataFusionError, parts: &[ast::Ident]) -> DataFusionError {
+    let name = ObjectName(
+        parts
+            .iter()
+            .cloned()
+            .map(ObjectNamePart::Identifier)
+            .collect(),
+    );
+    if !err.to_string().contains("not found") {
+        return err;
+    }
+    GradError::new(
+        ErrorKind::NeedsPlanContext,
+        format!(
+            "`{name}` in grad(…) in FROM is not a CTE of the statement, and DataFusion 55 only \
+             resolves the tables and views that a statement's FROM clauses name; name it in a \
+             CTE: WITH {alias} AS (SELECT * FROM {name}) … grad({alias}, …), or use the scalar \
+             form SELECT …, grad((SELECT loss FROM {name}), tbl.col) FROM tbl",
+            alias = format!(
+                "{}_",
+                parts.last().map_or("r".to_string(), |i| i.value.clone())
+            )
+        ),
+    )
+    .into()
 }
 
 /// The error for a variable `column` its relation does not have.
