@@ -36,7 +36,7 @@ use datafusion::logical_expr::{
 
 use crate::engine::call::{as_marker, Marker};
 use crate::error::{fail, ErrorKind};
-use crate::plan::lineage::{origin_of, Scope};
+use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
 use crate::plan::reverse::{gradient_table, reads, Parameter};
 use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
 use crate::tensor::Shape;
@@ -145,6 +145,17 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
         };
         origins.push(origin_of(input, idx)?);
     }
+    let scope = Scope::new(vec![input])?;
+    let var_parts = wrt
+        .iter()
+        .map(|c| scope.parts(c))
+        .collect::<Result<Vec<_>>>()?;
+    // Whether the loss subquery `s` reads variable `v`'s values in its
+    // relation's rows (a subquery over other columns of the rows is a
+    // constant to it).
+    let relational = |s: &Subquery, v: usize| -> Result<bool> {
+        Ok(reads(&s.subquery, origins[v].0)? && overlaps(&var_parts[v], &parts(&s.subquery, 0)?))
+    };
     // The uncorrelated subqueries of f (outside nested markers) that read
     // a variable's rows.
     let mut losses: Vec<Subquery> = Vec::new();
@@ -154,8 +165,8 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
         }
         if let Expr::ScalarSubquery(s) = e {
             if s.outer_ref_columns.is_empty() && !losses.contains(s) {
-                for (relation, _) in &origins {
-                    if reads(&s.subquery, relation)? {
+                for v in 0..origins.len() {
+                    if relational(s, v)? {
                         losses.push(s.clone());
                         break;
                     }
@@ -167,7 +178,6 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
     if losses.is_empty() {
         return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
     }
-    let scope = Scope::new(vec![input])?;
     let mut bound = Vec::with_capacity(losses.len());
     for s in &losses {
         let k = match found.losses.iter().position(|l| l == s) {
@@ -190,7 +200,7 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
         })?
         .data;
     let mut totals = Vec::with_capacity(wrt.len());
-    for (c, &(relation, column)) in wrt.iter().zip(&origins) {
+    for (v, (c, &(relation, column))) in wrt.iter().zip(&origins).enumerate() {
         let field = input.schema().qualified_field_from_column(c)?.1;
         if Shape::is_tensor_type(field.data_type()) {
             return fail(
@@ -211,7 +221,7 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
         let mut args = vec![f.clone()];
         for (s, &k) in losses.iter().zip(&bound) {
             args.push(Placeholder::Loss.column(k));
-            if !reads(&s.subquery, relation)? {
+            if !relational(s, v)? {
                 args.push(lit(0.0));
                 continue;
             }

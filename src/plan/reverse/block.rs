@@ -102,10 +102,26 @@ impl<'a> Blocks<'a> {
         }
     }
 
-    /// Whether `plan` reads the parameter rows (in a subquery too).
+    /// Whether `plan` reads the parameter rows (in a subquery too). A scan
+    /// of the parameter table that differs from the variable's (another
+    /// projection or filter pushed into it) is refused: its rows could not
+    /// be told to be the parameter's, and 0 through it would be wrong.
     pub fn reads(&self, plan: &LogicalPlan) -> Result<bool> {
         let mut found = false;
         plan.apply_with_subqueries(|node| {
+            if let (LogicalPlan::TableScan(a), LogicalPlan::TableScan(b)) = (node, self.parameter) {
+                if a.table_name == b.table_name && node != self.parameter {
+                    return fail(
+                        ErrorKind::NeedsPlanContext,
+                        format!(
+                            "the loss scans the variable's table `{}` differently from the \
+                             variable's own scan (another projection, filter or limit in the \
+                             scan), so its rows cannot be matched to the parameter rows",
+                            a.table_name
+                        ),
+                    );
+                }
+            }
             found = node == self.parameter;
             Ok(match found {
                 true => TreeNodeRecursion::Stop,
@@ -323,4 +339,40 @@ fn refuse<T>(plan: &LogicalPlan) -> Result<T> {
              uncorrelated scalar subqueries"
         ),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::logical_expr::logical_plan::builder::LogicalTableSource;
+    use datafusion::logical_expr::LogicalPlanBuilder;
+
+    use super::Blocks;
+    use crate::error::{ErrorKind, GradError};
+
+    #[test]
+    fn a_different_scan_of_the_parameter_table_is_refused() {
+        let schema = Schema::new(vec![
+            Field::new("g", DataType::Int32, false),
+            Field::new("val", DataType::Float64, false),
+        ]);
+        let source = Arc::new(LogicalTableSource::new(Arc::new(schema)));
+        let scan = |projection| {
+            LogicalPlanBuilder::scan("p", Arc::clone(&source) as _, projection)
+                .unwrap()
+                .build()
+                .unwrap()
+        };
+        let parameter = scan(None);
+        let blocks = Blocks::new(&parameter);
+        assert!(blocks.reads(&scan(None)).unwrap());
+        let err = blocks.reads(&scan(Some(vec![1]))).unwrap_err();
+        let kind = GradError::find(&err).map(|e| e.kind());
+        assert_eq!(kind, Some(ErrorKind::NeedsPlanContext), "{err}");
+        assert!(err
+            .to_string()
+            .contains("scans the variable's table `p` differently"));
+    }
 }
