@@ -33,11 +33,13 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::Column;
+use datafusion::common::{Column, ScalarValue};
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
-use datafusion::logical_expr::{Expr, LogicalPlan, Operator, Projection, Subquery};
+use datafusion::logical_expr::{
+    lit, when, Expr, LogicalPlan, Operator, Projection, ScalarUDF, Subquery,
+};
 use datafusion::optimizer::optimize_projections::OptimizeProjections;
 use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, OptimizerRule};
 
@@ -53,7 +55,7 @@ use super::dml::inline_updates;
 use super::expand::expand_markers;
 use super::free_variables::{has_outer_variable, outer_variables};
 use super::lineage::{correlated_value_use, refuse_outer_rereads, refuse_rereads, Scope};
-use crate::engine::call::{as_marker, has_marker, into_marker};
+use crate::engine::call::{as_marker, has_marker, into_marker, Marker, SharedRules};
 use crate::engine::{share, Layer, Workspace};
 use crate::error::{fail, ErrorKind};
 use crate::reserved::{binding_prefix, Placeholder};
@@ -159,6 +161,32 @@ fn refresh_outer_references(plan: LogicalPlan) -> Result<LogicalPlan> {
 fn prune(plan: LogicalPlan) -> Result<LogicalPlan> {
     let config = OptimizerContext::new();
     Ok(OptimizeProjections::new().rewrite(plan, &config)?.data)
+}
+
+/// The total derivative with respect to the variable `c` by the chain rule
+/// through bound values: `jvp(f, v₁, t₁, …, c, 1)` over `args` (`f` and the
+/// value/tangent pairs), NULL where a `nullable` `c` is.
+fn chain_total(
+    rules: &SharedRules,
+    mut args: Vec<Expr>,
+    nulls_like: Vec<(usize, usize)>,
+    c: &Column,
+    nullable: bool,
+) -> Result<Expr> {
+    args.extend([Expr::Column(c.clone()), lit(1.0)]);
+    let jvp = Marker::jvp_with_nulls_like(Arc::clone(rules), nulls_like);
+    let total = Expr::ScalarFunction(ScalarFunction::new_udf(
+        Arc::new(ScalarUDF::new_from_impl(jvp)),
+        args,
+    ));
+    match nullable {
+        true => when(
+            Expr::Column(c.clone()).is_null(),
+            lit(ScalarValue::Float64(None)),
+        )
+        .otherwise(total),
+        false => Ok(total),
+    }
 }
 
 /// Rewrites the markers of one plan node.

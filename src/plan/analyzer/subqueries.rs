@@ -34,13 +34,12 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, ScalarValue};
 use datafusion::error::Result;
-use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, when, Expr, ExprSchemable, LogicalPlan, Projection, ScalarUDF, Subquery,
+    lit, Expr, ExprSchemable, LogicalPlan, Projection, ScalarUDF, Subquery,
 };
 
-use super::{prune, rewrite_node};
+use super::{chain_total, prune, rewrite_node};
 use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{correlated_value_use, value_use_of_outer};
@@ -171,22 +170,15 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, bound: &mut Bound) -> Result<Tra
             }
             args.push(tangent);
         }
-        args.extend([Expr::Column(c.clone()), lit(1.0)]);
-        let jvp = Marker::jvp_with_nulls_like(Arc::clone(&rules), nulls_like);
-        let total = Expr::ScalarFunction(ScalarFunction::new_udf(
-            Arc::new(ScalarUDF::new_from_impl(jvp)),
-            args,
-        ));
         // The derivative subqueries take the variable as not NULL (a test
         // of it inside would keep them correlated): NULL is tested here.
-        totals.push(match field.is_nullable() {
-            true => when(
-                Expr::Column(c.clone()).is_null(),
-                lit(ScalarValue::Float64(None)),
-            )
-            .otherwise(total)?,
-            false => total,
-        });
+        totals.push(chain_total(
+            &rules,
+            args,
+            nulls_like,
+            c,
+            field.is_nullable(),
+        )?);
     }
     let names = wrt.iter().map(|c| c.name.as_str());
     let result = kind.assemble(call.args, names, totals)?;

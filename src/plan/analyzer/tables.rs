@@ -24,17 +24,17 @@
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, NullEquality, ScalarValue};
+use datafusion::common::{Column, NullEquality};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::sum;
-use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, when, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
-    ScalarUDF, Subquery, SubqueryAlias,
+    lit, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
+    Subquery, SubqueryAlias,
 };
 
-use crate::engine::call::{as_marker, Marker};
+use super::chain_total;
+use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
 use crate::plan::reverse::{gradient_table, reads, Parameter};
@@ -257,20 +257,7 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
                 lit(0.0),
             ]));
         }
-        args.extend([Expr::Column(c.clone()), lit(1.0)]);
-        let jvp = Marker::jvp_with_nulls_like(Arc::clone(&rules), vec![]);
-        let total = Expr::ScalarFunction(ScalarFunction::new_udf(
-            Arc::new(ScalarUDF::new_from_impl(jvp)),
-            args,
-        ));
-        totals.push(match field.is_nullable() {
-            true => when(
-                Expr::Column(c.clone()).is_null(),
-                lit(ScalarValue::Float64(None)),
-            )
-            .otherwise(total)?,
-            false => total,
-        });
+        totals.push(chain_total(&rules, args, vec![], c, field.is_nullable())?);
     }
     let names = wrt.iter().map(|c| c.name.as_str());
     let result = kind.assemble(call.args, names, totals)?;
