@@ -34,6 +34,8 @@ mod properties;
 mod readme;
 #[path = "relational_properties.rs"]
 mod relational_properties;
+#[path = "shared.rs"]
+mod shared;
 #[path = "sizes.rs"]
 mod sizes;
 #[path = "substrait.rs"]

@@ -15,7 +15,9 @@
 //! - [`bindings`]: the projections that bind shared parts, written back
 //!   inline for the text export and DML;
 //! - [`dml`]: `UPDATE`/`DELETE` over computed columns;
-//! - [`broadcast`]: the physical rule that broadcasts a global aggregate.
+//! - [`broadcast`]: the physical rule that broadcasts a global aggregate;
+//! - [`shared`]: subplans read several times (the forward aggregates a
+//!   backward pass reads again) computed once per query.
 //!
 //! ```sql
 //! -- through an aggregate: d/dw avg((w·x − y)²), one value per group
@@ -30,6 +32,7 @@ pub mod expand;
 pub mod free_variables;
 pub mod lineage;
 pub mod reverse;
+pub mod shared;
 
 use datafusion::logical_expr::Expr;
 

@@ -37,7 +37,7 @@ use super::chain_total;
 use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
-use crate::plan::reverse::{gradient_table, reads, Parameter};
+use crate::plan::reverse::{gradient_table, reads, share_aggregates, Parameter};
 use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
 use crate::tensor::Shape;
 
@@ -107,7 +107,7 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
     for (k, s) in found.losses.into_iter().enumerate() {
         let name = Placeholder::Loss.name(k);
         let value = Expr::Column(s.subquery.schema().columns()[0].clone());
-        let loss = LogicalPlanBuilder::from(s.subquery.as_ref().clone())
+        let loss = LogicalPlanBuilder::from(share_aggregates(&s.subquery)?)
             .aggregate(Vec::<Expr>::new(), vec![sum(value).alias(&name)])?
             .build()?;
         plan = LogicalPlan::Join(Join::try_new(

@@ -38,6 +38,7 @@ use datafusion::logical_expr::{
 use super::block::{Alternative, Blocks, LeafKind};
 use crate::engine::{differentiate, Seed as Sweep};
 use crate::error::{fail, GradError};
+use crate::plan::shared::unshared;
 use crate::plan::unalias;
 use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
 use crate::rules::transpose::{near, transpose_rule, TransposeCall};
@@ -61,7 +62,8 @@ pub(super) struct Backward<'a> {
     variable: usize,
     identity: &'a [usize],
     rules: &'a Rules,
-    /// Per reached parameter scan: `(__dfgrad_key{j}…, __dfgrad_gradient)`.
+    /// Per reached parameter scan: `(__dfgrad_key{j}…, __dfgrad_gradient)`,
+    /// a row per row of the block (summed per parameter row by the caller).
     pub contributions: Vec<LogicalPlan>,
 }
 
@@ -123,10 +125,12 @@ impl<'a> Backward<'a> {
                 .enumerate()
                 .map(|(j, k)| {
                     let float = k.get_type(schema)?.is_floating();
-                    Ok((over_rows(k)?, Placeholder::Key.column(j), float))
+                    Ok((Placeholder::Key.column(j), over_rows(k)?, float))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            rows = key_join(rows, relation.clone(), pairs, JoinType::Inner)?;
+            // The adjoints (one per group) on the build side, the rows
+            // (as many as the group's inputs) probing them.
+            rows = key_join(relation.clone(), rows, pairs, JoinType::Inner)?;
         }
         // The adjoints as columns: constants to the engine.
         let mut exprs = columns(&rows);
@@ -186,10 +190,17 @@ impl<'a> Backward<'a> {
             let partial = |n: usize| sum(Placeholder::Partial.column(start + n));
             match leaf.kind {
                 LeafKind::Parameter => {
-                    let keys: Vec<Expr> = self.identity.iter().map(|&i| leaf.column(i)).collect();
-                    let summed = aggregate(there, keys, vec![partial(0)])?;
-                    self.contributions
-                        .push(rename(&summed, self.identity.len(), &[GRADIENT])?);
+                    // Summed per parameter row with the other contributions.
+                    let mut exprs: Vec<Expr> = self
+                        .identity
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &i)| leaf.column(i).alias(Placeholder::Key.name(j)))
+                        .collect();
+                    exprs.push(Placeholder::Partial.column(start).alias(GRADIENT));
+                    let there =
+                        LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(there))?);
+                    self.contributions.push(there);
                 }
                 LeafKind::Subquery => {
                     let summed = aggregate(there, vec![], vec![partial(0)])?;
@@ -202,7 +213,7 @@ impl<'a> Backward<'a> {
                     self.pass(&leaf.plan, &seed)?;
                 }
                 LeafKind::Aggregate => {
-                    let LogicalPlan::Aggregate(a) = leaf.plan.as_ref() else {
+                    let LogicalPlan::Aggregate(a) = unshared(&leaf.plan) else {
                         unreachable!("an aggregate leaf")
                     };
                     let keys: Vec<Expr> = (0..a.group_expr.len()).map(|j| leaf.column(j)).collect();

@@ -32,6 +32,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::error::{fail, ErrorKind};
+use crate::plan::shared::{share, unshared};
 use crate::plan::unalias;
 use crate::reserved::{leaf_qualifier, Placeholder, PRESENT};
 
@@ -174,6 +175,9 @@ impl<'a> Blocks<'a> {
             }
             LogicalPlan::Join(j) => self.join(j),
             LogicalPlan::Aggregate(_) => Ok(vec![self.leaf(plan, LeafKind::Aggregate)?]),
+            LogicalPlan::Extension(_) if matches!(unshared(plan), LogicalPlan::Aggregate(_)) => {
+                Ok(vec![self.leaf(plan, LeafKind::Aggregate)?])
+            }
             other => refuse(other),
         }
     }
@@ -245,7 +249,13 @@ impl<'a> Blocks<'a> {
             .map(|(i, c)| Expr::Column(c).alias(Placeholder::LeafColumn.name(i)))
             .collect();
         exprs.push(lit(true).alias(PRESENT));
-        let projected = Projection::try_new(exprs, Arc::new(plan.clone()))?;
+        // The forward plan's aggregates and subqueries are read again by
+        // the pass below them: computed once.
+        let input = match kind {
+            LeafKind::Aggregate | LeafKind::Subquery => share(plan.clone()),
+            LeafKind::Parameter | LeafKind::Data => plan.clone(),
+        };
+        let projected = Projection::try_new(exprs, Arc::new(input))?;
         let rows = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
             Arc::new(LogicalPlan::Projection(projected)),
             qualifier.clone(),

@@ -36,6 +36,7 @@ mod backward;
 mod block;
 mod duplicates;
 
+use datafusion::common::tree_node::Transformed;
 use datafusion::common::Column;
 use datafusion::error::Result;
 use datafusion::logical_expr::{lit, when, Expr, LogicalPlan, LogicalPlanBuilder, ScalarUDF};
@@ -44,6 +45,7 @@ use backward::{aggregate, columns, rename, sum, Backward, Seed};
 use duplicates::DuplicateRows;
 
 use crate::error::{fail, ErrorKind};
+use crate::plan::shared::share;
 use crate::reserved::{Placeholder, GRADIENT};
 use crate::rules::{num, Rules};
 
@@ -82,6 +84,14 @@ pub(crate) fn gradient_table(
             ),
         );
     }
+    let (loss, relation) = (
+        &share_aggregates(loss)?,
+        &share_aggregates(parameter.relation)?,
+    );
+    let parameter = Parameter {
+        relation,
+        ..parameter
+    };
     let mut backward = Backward::new(
         parameter.relation,
         parameter.column,
@@ -133,6 +143,21 @@ pub(crate) fn gradient_table(
             .alias(GRADIENT),
     );
     LogicalPlanBuilder::from(summed).project(exprs)?.build()
+}
+
+/// `plan` with every aggregate in it (in subqueries too) shared
+/// ([`crate::plan::shared`]): the backward pass reads the forward plan's
+/// aggregates again, and a loss's value, its gradient tables and the
+/// statistics of its aggregates are computed from one evaluation of each.
+/// The same plan in this form wherever it is met (the rewrite works from
+/// the leaves up), so a parameter relation is found in a loss when both are.
+pub(crate) fn share_aggregates(plan: &LogicalPlan) -> Result<LogicalPlan> {
+    plan.clone()
+        .transform_up_with_subqueries(|p| match p {
+            LogicalPlan::Aggregate(_) => Ok(Transformed::yes(share(p))),
+            p => Ok(Transformed::no(p)),
+        })
+        .map(|t| t.data)
 }
 
 /// Whether `loss` reads the rows of `relation` (a node equal to it).

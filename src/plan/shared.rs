@@ -1,0 +1,355 @@
+//! Shared subplans: a subplan that a rewrite reads several times, computed
+//! once per query.
+//!
+//! Relational reverse mode ([`crate::plan::reverse`]) reads the forward
+//! plan's aggregates again in its backward pass: the loss's value, and each
+//! aggregate as a leaf of the block above it and as the rows its adjoints
+//! join. Planned as they are, DataFusion would compute each occurrence
+//! anew — the whole forward query two or three times. A rewrite marks such
+//! a subplan with [`share`] (a [`Shared`] logical node); when the plan is
+//! made physical, every [`Shared`] node over an equal (optimized) input
+//! becomes a [`SharedExec`] over one cache: the first of them to run
+//! collects all of the input's partitions, and every occurrence reads them.
+//!
+//! The cache is taken from the query's memory pool. A result that does not
+//! fit is not kept, and every occurrence computes its input itself, as
+//! without sharing. A subplan that reads a recursive CTE's work table
+//! changes from one iteration to the next and is not shared; any other is
+//! kept for the whole query (over the iterations of a recursive query too).
+//!
+//! [`SharingPlanner`], the query planner installed by [`crate::register`],
+//! plans the [`Shared`] nodes; a planner that does not know them gets the
+//! plan from [`unshare`].
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::RecordBatch;
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_err, DFSchemaRef, DataFusionError};
+use datafusion::error::Result;
+use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::work_table::WorkTableExec;
+use datafusion::physical_plan::{
+    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    SendableRecordBatchStream,
+};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
+use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
+use futures::TryStreamExt;
+
+/// `plan`, marked to be computed once however often the query reads it
+/// (see the [module docs](self)).
+pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
+    if !std::ptr::eq(unshared(&plan), &plan) {
+        return plan;
+    }
+    LogicalPlan::Extension(Extension {
+        node: Arc::new(Shared { input: plan }),
+    })
+}
+
+/// The input of `plan` if it is a [`Shared`] node, else `plan`.
+pub(crate) fn unshared(plan: &LogicalPlan) -> &LogicalPlan {
+    match plan {
+        LogicalPlan::Extension(e) => match e.node.as_any().downcast_ref::<Shared>() {
+            Some(s) => &s.input,
+            None => plan,
+        },
+        _ => plan,
+    }
+}
+
+/// `plan` with every [`Shared`] node replaced by its input: the same
+/// results, for a planner (Ballista's, an exporter) that does not know the
+/// node.
+pub fn unshare(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|p| match &p {
+        LogicalPlan::Extension(_) if !std::ptr::eq(unshared(&p), &p) => {
+            Ok(Transformed::yes(unshared(&p).clone()))
+        }
+        _ => Ok(Transformed::no(p)),
+    })
+    .map(|t| t.data)
+}
+
+/// A subplan computed once per query: the logical node of [`share`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct Shared {
+    input: LogicalPlan,
+}
+
+impl UserDefinedLogicalNodeCore for Shared {
+    fn name(&self) -> &str {
+        "Shared"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        self.input.schema()
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "Shared")
+    }
+
+    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
+        match <[_; 1]>::try_from(inputs) {
+            Ok([input]) if exprs.is_empty() => Ok(Self { input }),
+            _ => internal_err!("Shared has one input and no expressions"),
+        }
+    }
+}
+
+/// The query planner installed by [`crate::register`]: DataFusion's, with
+/// [`Shared`] nodes planned as [`SharedExec`]s, one cache per equal input
+/// in each plan.
+#[derive(Debug, Default)]
+pub struct SharingPlanner;
+
+#[async_trait]
+impl QueryPlanner for SharingPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session: &dyn Session,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let caches = Arc::new(Caches::default());
+        DefaultPhysicalPlanner::with_extension_planners(vec![caches])
+            .create_physical_plan(logical_plan, session)
+            .await
+    }
+}
+
+/// The caches of one physical plan, by the (optimized) logical input.
+#[derive(Debug, Default)]
+struct Caches(Mutex<HashMap<LogicalPlan, Arc<Cache>>>);
+
+#[async_trait]
+impl ExtensionPlanner for Caches {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if !node.as_any().is::<Shared>() {
+            return Ok(None);
+        }
+        let ([logical], [input]) = (logical_inputs, physical_inputs) else {
+            return internal_err!("Shared has one input");
+        };
+        // Different in every iteration of its recursive query: not shared.
+        let iterated = input.exists(|p| Ok(p.is::<WorkTableExec>()))?;
+        if iterated {
+            return Ok(Some(Arc::clone(input)));
+        }
+        let cache = Arc::clone(
+            self.0
+                .lock()
+                .expect("caches lock")
+                .entry((*logical).clone())
+                .or_default(),
+        );
+        Ok(Some(Arc::new(SharedExec::new(Arc::clone(input), cache))))
+    }
+}
+
+/// The batches of every partition of a shared input, and the memory they
+/// hold in the pool (`None`: too large to keep).
+type Cached = Option<(Vec<Vec<RecordBatch>>, MemoryReservation)>;
+
+/// A shared input's result, computed by the first occurrence that runs.
+type Pending =
+    SharedFuture<BoxFuture<'static, std::result::Result<Arc<Cached>, Arc<DataFusionError>>>>;
+
+/// What the occurrences of one shared input have in common.
+#[derive(Debug, Default)]
+struct Cache(Mutex<Option<Pending>>);
+
+impl Cache {
+    /// The result of `input`, computed on the first call.
+    fn get(&self, input: &Arc<dyn ExecutionPlan>, context: &Arc<TaskContext>) -> Pending {
+        let mut slot = self.0.lock().expect("cache lock");
+        slot.get_or_insert_with(|| {
+            let input = Arc::clone(input);
+            let context = Arc::clone(context);
+            async move {
+                let partitions = collect_partitioned(input, Arc::clone(&context)).await?;
+                let size = partitions
+                    .iter()
+                    .flatten()
+                    .map(RecordBatch::get_array_memory_size)
+                    .sum();
+                let reservation = MemoryConsumer::new("SharedExec").register(context.memory_pool());
+                Ok(Arc::new(match reservation.try_grow(size) {
+                    Ok(()) => Some((partitions, reservation)),
+                    Err(_) => None,
+                }))
+            }
+            .map(|r: Result<Arc<Cached>>| r.map_err(Arc::new))
+            .boxed()
+            .shared()
+        })
+        .clone()
+    }
+}
+
+/// One occurrence of a shared input: its input's partitions as the first
+/// occurrence to run computed them (see the [module docs](self)).
+#[derive(Debug)]
+pub struct SharedExec {
+    input: Arc<dyn ExecutionPlan>,
+    cache: Arc<Cache>,
+}
+
+impl SharedExec {
+    fn new(input: Arc<dyn ExecutionPlan>, cache: Arc<Cache>) -> Self {
+        Self { input, cache }
+    }
+}
+
+impl DisplayAs for SharedExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SharedExec")
+    }
+}
+
+impl ExecutionPlan for SharedExec {
+    fn name(&self) -> &str {
+        "SharedExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match <[_; 1]>::try_from(children) {
+            Ok([input]) => Ok(Arc::new(Self::new(input, Arc::clone(&self.cache)))),
+            Err(_) => internal_err!("SharedExec has one child"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let pending = self.cache.get(&self.input, &context);
+        let input = Arc::clone(&self.input);
+        let partitions = input.properties().partitioning.partition_count();
+        let stream = futures::stream::once(async move {
+            let cached = pending.await.map_err(DataFusionError::Shared)?;
+            Ok::<SendableRecordBatchStream, DataFusionError>(match cached.as_ref() {
+                Some((batches, _)) if batches.len() == partitions => {
+                    let batches = batches[partition].clone();
+                    let schema = input.schema();
+                    Box::pin(RecordBatchStreamAdapter::new(
+                        schema,
+                        futures::stream::iter(batches.into_iter().map(Ok)),
+                    ))
+                }
+                // Not kept (or another partitioning): computed here.
+                _ => input.execute(partition, context)?,
+            })
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Float64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::error::Result;
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::execution::TaskContext;
+    use datafusion::physical_plan::{collect, ExecutionPlan};
+
+    use super::{Cache, SharedExec};
+
+    /// Two occurrences of one input over `context`: each one's rows, and
+    /// whether the cache kept them.
+    async fn both(context: TaskContext) -> Result<(Vec<usize>, bool)> {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Float64, false)]));
+        let values = Float64Array::from_iter_values((0..1000).map(f64::from));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(values)])?;
+        let input: Arc<dyn ExecutionPlan> =
+            MemorySourceConfig::try_new_exec(&[vec![batch.clone()], vec![batch]], schema, None)?;
+        let cache = Arc::new(Cache::default());
+        let context = Arc::new(context);
+        let mut rows = Vec::new();
+        for _ in 0..2 {
+            let exec = Arc::new(SharedExec::new(Arc::clone(&input), Arc::clone(&cache)));
+            let batches = collect(exec, Arc::clone(&context)).await?;
+            rows.push(batches.iter().map(RecordBatch::num_rows).sum());
+        }
+        let pending = cache.0.lock().unwrap().clone().expect("computed");
+        let kept = pending
+            .await
+            .map_err(datafusion::error::DataFusionError::Shared)?;
+        Ok((rows, kept.is_some()))
+    }
+
+    #[tokio::test]
+    async fn every_occurrence_reads_the_input_computed_once() -> Result<()> {
+        let (rows, kept) = both(TaskContext::default()).await?;
+        assert_eq!(rows, [2000, 2000]);
+        assert!(kept);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_input_too_large_for_the_memory_pool_is_computed_by_each_occurrence() -> Result<()> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(1024, 1.0)
+            .build_arc()?;
+        let (rows, kept) = both(TaskContext::default().with_runtime(runtime)).await?;
+        assert_eq!(rows, [2000, 2000]);
+        assert!(!kept);
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! Shared subplans (`datafusion_grad::plan::shared`): relational reverse mode
+//! computes each forward aggregate once, however often its backward pass
+//! reads it. (A result too large for the memory pool: the unit tests of
+//! `src/plan/shared.rs`.)
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Float64Array, Int64Array};
+use datafusion::error::Result;
+use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
+use datafusion::prelude::*;
+
+/// X (6 x 3) · W (3 x 2) as join + SUM; loss sum(Y²); ∂loss/∂W = 2 XᵀY.
+const SETUP: &[&str] = &[
+    "CREATE TABLE x AS SELECT n, d, sin(n * 0.37 + d) AS v
+       FROM (SELECT value AS n FROM generate_series(0, 5))
+       CROSS JOIN (SELECT value AS d FROM generate_series(0, 2))",
+    "CREATE TABLE w AS SELECT d, h, cos(d * 1.3 + h) AS val
+       FROM (SELECT value AS d FROM generate_series(0, 2))
+       CROSS JOIN (SELECT value AS h FROM generate_series(0, 1))",
+    "CREATE VIEW mm_loss AS SELECT sum(y * y) AS loss
+       FROM (SELECT x.n, w.h, sum(x.v * w.val) AS y FROM x JOIN w ON x.d = w.d
+             GROUP BY x.n, w.h)",
+];
+
+const GRAD_W: &str = "SELECT d, h, grad((SELECT loss FROM mm_loss), val) AS g FROM w ORDER BY d, h";
+
+/// `2 XᵀY`, in the order of `GRAD_W`.
+fn expected() -> Vec<f64> {
+    let x = |n: usize, d: usize| (n as f64 * 0.37 + d as f64).sin();
+    let w = |d: usize, h: usize| (d as f64 * 1.3 + h as f64).cos();
+    let y = |n: usize, h: usize| (0..3).map(|d| x(n, d) * w(d, h)).sum::<f64>();
+    let mut g = Vec::new();
+    for d in 0..3 {
+        for h in 0..2 {
+            g.push((0..6).map(|n| 2.0 * x(n, d) * y(n, h)).sum());
+        }
+    }
+    g
+}
+
+async fn session() -> Result<SessionContext> {
+    let ctx = datafusion_grad::session_context_with_config(
+        SessionConfig::new().with_target_partitions(4),
+    );
+    for sql in SETUP {
+        ctx.sql(sql).await?.collect().await?;
+    }
+    Ok(ctx)
+}
+
+/// The gradient column of `GRAD_W`'s result.
+fn gradients(batches: &[datafusion::arrow::array::RecordBatch]) -> Vec<f64> {
+    let mut g = Vec::new();
+    for b in batches {
+        let col = b.column(2).as_any().downcast_ref::<Float64Array>().unwrap();
+        g.extend(col.values().iter().copied());
+        assert!(b.column(0).as_any().downcast_ref::<Int64Array>().is_some());
+    }
+    g
+}
+
+fn assert_close(got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len());
+    for (a, b) in got.iter().zip(want) {
+        assert!(
+            (a - b).abs() <= 1e-12 * b.abs().max(1.0),
+            "{got:?} vs {want:?}"
+        );
+    }
+}
+
+/// Per input of a `SharedExec` (told apart by its plan text): how many
+/// occurrences there are and how many of them ran their input.
+fn shared(plan: &Arc<dyn ExecutionPlan>, found: &mut HashMap<String, (usize, usize)>) {
+    if plan.name() == "SharedExec" {
+        let input = &plan.children()[0];
+        let text = displayable(input.as_ref()).indent(false).to_string();
+        let ran = input
+            .metrics()
+            .and_then(|m| m.output_rows())
+            .is_some_and(|n| n > 0);
+        let entry = found.entry(text).or_default();
+        entry.0 += 1;
+        entry.1 += usize::from(ran);
+    }
+    for child in plan.children() {
+        shared(child, found);
+    }
+}
+
+#[tokio::test]
+async fn each_forward_aggregate_is_computed_once() -> Result<()> {
+    let ctx = session().await?;
+    let plan = ctx.sql(GRAD_W).await?.create_physical_plan().await?;
+    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    assert_close(&gradients(&batches), &expected());
+    let mut found = HashMap::new();
+    shared(&plan, &mut found);
+    // The loss's aggregate (its value, and the top of the backward pass)
+    // and the product's (read by the pass above it and below it).
+    assert!(found.len() >= 2, "{found:?}");
+    assert!(found.values().any(|&(n, _)| n >= 2), "{found:?}");
+    for (input, (occurrences, ran)) in found {
+        assert_eq!(ran, 1, "{occurrences} occurrences of\n{input}");
+    }
+    Ok(())
+}
