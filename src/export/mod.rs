@@ -34,7 +34,7 @@ use datafusion::error::Result;
 use datafusion::logical_expr::{LogicalPlan, ScalarUDF};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement as DFStatement};
-use datafusion::sql::sqlparser::ast::{visit_expressions, Expr as SqlExpr};
+use datafusion::sql::sqlparser::ast::{visit_expressions, visit_relations, Expr as SqlExpr};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::parser::Parser;
 
@@ -168,14 +168,24 @@ fn is_ddl(statement: &DFStatement) -> bool {
     }
 }
 
-/// Whether `statement` calls `grad`, `jvp` or `vjp`.
+/// Whether `statement` calls `grad`, `jvp` or `vjp` (in an expression, or
+/// as a relation in FROM).
 fn calls_marker(statement: &DFStatement) -> bool {
     match statement {
-        DFStatement::Statement(s) => visit_expressions(s.as_ref(), |e| match e {
-            SqlExpr::Function(f) if is_marker_name(&f.name.to_string()) => ControlFlow::Break(()),
-            _ => ControlFlow::Continue(()),
-        })
-        .is_break(),
+        DFStatement::Statement(s) => {
+            visit_expressions(s.as_ref(), |e| match e {
+                SqlExpr::Function(f) if is_marker_name(&f.name.to_string()) => {
+                    ControlFlow::Break(())
+                }
+                _ => ControlFlow::Continue(()),
+            })
+            .is_break()
+                || visit_relations(s.as_ref(), |name| match is_marker_name(&name.to_string()) {
+                    true => ControlFlow::Break(()),
+                    false => ControlFlow::Continue(()),
+                })
+                .is_break()
+        }
         DFStatement::Explain(e) => calls_marker(&e.statement),
         other => {
             let text = other.to_string().to_ascii_lowercase();

@@ -12,14 +12,14 @@ use std::sync::Arc;
 
 use datafusion::catalog::default_table_source::provider_as_source;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchema, TableReference};
+use datafusion::common::{Column, DFSchema, NullEquality, TableReference};
 use datafusion::datasource::empty::EmptyTable;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    cast, DdlStatement, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Projection,
-    RecursiveQuery, WriteOp,
+    cast, BinaryExpr, DdlStatement, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder, Operator,
+    Projection, RecursiveQuery, WriteOp,
 };
 use datafusion::sql::sqlparser::ast::{
     Ident, ObjectName, ObjectNamePart, SetExpr, Statement as SqlStatement, TableFactor, VisitMut,
@@ -56,7 +56,7 @@ impl Printer {
     /// `plan` (analyzed, without markers) as one statement.
     pub(crate) fn statement(&self, plan: &LogicalPlan) -> Result<String> {
         refuse_gradient_tables(plan)?;
-        let plan = self.lower_plan(plan.clone())?;
+        let plan = self.lower_plan(null_equal_joins(plan.clone())?)?;
         match &plan {
             LogicalPlan::Dml(dml) => match &dml.op {
                 WriteOp::Insert(InsertOp::Append) => Ok(format!(
@@ -478,6 +478,11 @@ fn values_index(name: &ObjectName) -> Option<usize> {
 /// The schema a node's expressions are evaluated over.
 pub(crate) fn input_schema(node: &LogicalPlan) -> Result<DFSchema> {
     let inputs = node.inputs();
+    if matches!(node, LogicalPlan::Union(_)) {
+        // Its inputs' columns are its own, by position (and it has no
+        // expressions).
+        return Ok(node.schema().as_ref().clone());
+    }
     let Some((first, rest)) = inputs.split_first() else {
         return Ok(node.schema().as_ref().clone());
     };
@@ -584,10 +589,33 @@ fn unexportable<T>(what: impl std::fmt::Display) -> Result<T> {
     .into())
 }
 
+/// `plan` with each equi-join that matches NULL keys (the key joins of
+/// relational reverse mode) written with `IS NOT DISTINCT FROM` in its
+/// filter: the unparser prints every equi-join key as `=`.
+fn null_equal_joins(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| match node {
+        LogicalPlan::Join(mut j)
+            if j.null_equality == NullEquality::NullEqualsNull && !j.on.is_empty() =>
+        {
+            let keys = std::mem::take(&mut j.on).into_iter().map(|(l, r)| {
+                Expr::BinaryExpr(BinaryExpr::new(
+                    Box::new(l),
+                    Operator::IsNotDistinctFrom,
+                    Box::new(r),
+                ))
+            });
+            j.filter = keys.chain(j.filter.take()).reduce(Expr::and);
+            j.null_equality = NullEquality::NullEqualsNothing;
+            Ok(Transformed::yes(LogicalPlan::Join(j)))
+        }
+        node => Ok(Transformed::no(node)),
+    })
+    .map(|t| t.data)
+}
+
 /// Refuses a plan that joins a gradient table (relational reverse mode):
 /// its backward pass is not printed as SQL text yet.
 fn refuse_gradient_tables(plan: &LogicalPlan) -> Result<()> {
-    use datafusion::common::tree_node::TreeNode;
     let joined = plan.exists(|node| {
         Ok(matches!(node, LogicalPlan::SubqueryAlias(s)
             if crate::reserved::is_gradient_table_qualifier(&s.alias)))

@@ -568,3 +568,30 @@ FROM words GROUP BY id ORDER BY id;
 -- refuse: sqlite
 SELECT id % 2 AS k, sum(grad(x * x, x)) AS d, bool_and(x > 0.3) AS ba, bool_or(s LIKE 'a%') AS bo
 FROM words GROUP BY id % 2 ORDER BY k;
+
+-- name: union_all_of_derivatives
+SELECT id, grad(x * x, x) AS d FROM t WHERE id <= 3
+UNION ALL
+SELECT id, grad(y * x, x) AS d FROM t WHERE id > 3
+ORDER BY id;
+
+-- name: intersect_with_nulls
+SELECT id, grad(x * x, x) AS d, y FROM tn
+INTERSECT
+SELECT id, 2.0 * x AS d, y FROM tn
+ORDER BY id;
+
+------------------------------------------------------------------------------
+-- Relational reverse mode: not exported as SQL text yet (refused)
+------------------------------------------------------------------------------
+
+-- name: relational_refused
+-- refuse: datafusion, duckdb, postgres, sqlite
+WITH s AS (SELECT sum(g.x * t.x * t.x) AS loss FROM g JOIN t ON t.id = g.id % 5 + 1)
+SELECT id, grad((SELECT loss FROM s), t.x) AS dx FROM t ORDER BY id;
+
+-- name: relational_from_form_refused
+-- refuse: datafusion, duckdb, postgres, sqlite
+WITH tt AS (SELECT * FROM t),
+     s AS (SELECT sum(pts.y * tt.y * tt.y) AS loss FROM pts CROSS JOIN tt WHERE tt.id <= 3)
+SELECT id, x, y AS dy FROM grad(s, tt.y) ORDER BY id;
