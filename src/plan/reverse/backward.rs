@@ -24,15 +24,16 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, NullEquality};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, NullEquality, ScalarValue};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::{
     cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Filter, Join, JoinConstraint,
-    JoinType, LogicalPlan, Projection, SubqueryAlias, Window, WindowFunctionDefinition,
+    JoinType, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, Window,
+    WindowFunctionDefinition,
 };
 
 use super::block::{Alternative, Blocks, LeafKind};
@@ -65,6 +66,21 @@ pub(super) struct Backward<'a> {
     /// Per reached parameter scan: `(__dfgrad_key{j}…, __dfgrad_gradient)`,
     /// a row per row of the block (summed per parameter row by the caller).
     pub contributions: Vec<LogicalPlan>,
+    /// The aggregates reached and not yet passed through: each with its
+    /// height and the group adjoints of every read of it.
+    pending: Vec<Pending>,
+}
+
+/// An aggregate the pass has reached, and the adjoints of its reads so far.
+struct Pending {
+    /// The aggregate (its shared node, equal at every read).
+    plan: LogicalPlan,
+    /// How many aggregates deep it is: every aggregate that reads it is
+    /// higher.
+    height: usize,
+    /// Per read: the group adjoints (keys, then `__dfgrad_adj{i}`) and
+    /// the outputs `i` they are of.
+    reads: Vec<(LogicalPlan, Vec<usize>)>,
 }
 
 impl<'a> Backward<'a> {
@@ -83,11 +99,29 @@ impl<'a> Backward<'a> {
             identity,
             rules,
             contributions: Vec::new(),
+            pending: Vec::new(),
         }
     }
 
+    /// The whole backward pass from the loss `plan`, seeded by `seed`. An
+    /// aggregate read several times (a CTE of groups that several blocks
+    /// join) is passed through once, with the adjoints of all its reads
+    /// summed, after every aggregate that reads it: highest first.
+    pub fn run(&mut self, plan: &LogicalPlan, seed: &Seed) -> Result<()> {
+        self.pass(plan, seed)?;
+        while let Some(k) = (0..self.pending.len()).max_by_key(|&k| self.pending[k].height) {
+            let Pending { plan, reads, .. } = self.pending.swap_remove(k);
+            let LogicalPlan::Aggregate(a) = unshared(&plan) else {
+                unreachable!("an aggregate leaf")
+            };
+            let (adjoints, indexes) = summed(reads, a.group_expr.len())?;
+            self.through_aggregate(a, adjoints, &indexes)?;
+        }
+        Ok(())
+    }
+
     /// The pass over `plan` from `seed`.
-    pub fn pass(&mut self, plan: &LogicalPlan, seed: &Seed) -> Result<()> {
+    fn pass(&mut self, plan: &LogicalPlan, seed: &Seed) -> Result<()> {
         for alt in self.blocks.flatten(plan)? {
             self.block(plan, alt, seed)?;
         }
@@ -216,7 +250,8 @@ impl<'a> Backward<'a> {
                     let LogicalPlan::Aggregate(a) = unshared(&leaf.plan) else {
                         unreachable!("an aggregate leaf")
                     };
-                    let keys: Vec<Expr> = (0..a.group_expr.len()).map(|j| leaf.column(j)).collect();
+                    let nkeys = a.group_expr.len();
+                    let keys: Vec<Expr> = (0..nkeys).map(|j| leaf.column(j)).collect();
                     let sums = (0..indexes.len()).map(partial).collect();
                     let summed = aggregate(there, keys, sums)?;
                     let names: Vec<String> = indexes
@@ -224,11 +259,31 @@ impl<'a> Backward<'a> {
                         .map(|&i| Placeholder::Adjoint.name(i))
                         .collect();
                     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                    let adjoints = rename(&summed, a.group_expr.len(), &names)?;
-                    self.through_aggregate(a, adjoints, &indexes)?;
+                    let adjoints = rename(&summed, nkeys, &names)?;
+                    self.defer(&leaf.plan, adjoints, indexes)?;
                 }
                 LeafKind::Data => unreachable!("data leaves are not targets"),
             }
+        }
+        Ok(())
+    }
+
+    /// Records a read of the aggregate `plan` with group adjoints
+    /// `adjoints` of its outputs `indexes`, to be passed through by
+    /// [`Self::run`].
+    fn defer(
+        &mut self,
+        plan: &LogicalPlan,
+        adjoints: LogicalPlan,
+        indexes: Vec<usize>,
+    ) -> Result<()> {
+        match self.pending.iter_mut().find(|p| p.plan == *plan) {
+            Some(p) => p.reads.push((adjoints, indexes)),
+            None => self.pending.push(Pending {
+                plan: plan.clone(),
+                height: height(plan)?,
+                reads: vec![(adjoints, indexes)],
+            }),
         }
         Ok(())
     }
@@ -306,6 +361,61 @@ impl<'a> Backward<'a> {
             },
         )
     }
+}
+
+/// How many aggregates deep `plan` is (in subqueries too).
+fn height(plan: &LogicalPlan) -> Result<usize> {
+    let mut h = 0;
+    for input in plan.inputs() {
+        h = h.max(height(input)?);
+    }
+    plan.apply_subqueries(|s| {
+        h = h.max(height(s)?);
+        Ok(TreeNodeRecursion::Jump)
+    })?;
+    Ok(h + usize::from(matches!(plan, LogicalPlan::Aggregate(_))))
+}
+
+/// The group adjoints of several reads of one aggregate (each: keys, then
+/// `__dfgrad_adj{i}` for its outputs `i`) summed per group, for the union
+/// of their outputs (returned, in order).
+fn summed(
+    mut reads: Vec<(LogicalPlan, Vec<usize>)>,
+    nkeys: usize,
+) -> Result<(LogicalPlan, Vec<usize>)> {
+    if reads.len() == 1 {
+        return Ok(reads.remove(0));
+    }
+    let mut indexes: Vec<usize> = reads.iter().flat_map(|(_, i)| i.clone()).collect();
+    indexes.sort_unstable();
+    indexes.dedup();
+    let mut all: Option<LogicalPlan> = None;
+    for (adjoints, own) in reads {
+        let mut exprs: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
+        exprs.extend(indexes.iter().map(|&i| match own.contains(&i) {
+            true => Placeholder::Adjoint.column(i),
+            false => {
+                Expr::Literal(ScalarValue::Float64(None), None).alias(Placeholder::Adjoint.name(i))
+            }
+        }));
+        let read = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(adjoints))?);
+        all = Some(match all {
+            None => read,
+            Some(all) => LogicalPlanBuilder::from(all).union(read)?.build()?,
+        });
+    }
+    let keys = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
+    let sums = indexes
+        .iter()
+        .map(|&i| sum(Placeholder::Adjoint.column(i)))
+        .collect();
+    let grouped = aggregate(all.expect("several reads"), keys, sums)?;
+    let names: Vec<String> = indexes
+        .iter()
+        .map(|&i| Placeholder::Adjoint.name(i))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    Ok((rename(&grouped, nkeys, &names)?, indexes))
 }
 
 /// `count(*)` over the group, as a Float64 statistic.

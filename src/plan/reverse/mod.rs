@@ -102,7 +102,7 @@ pub(crate) fn gradient_table(
         relation: None,
         terms: vec![(Expr::Column(loss.schema().columns()[0].clone()), num(1.0))],
     };
-    backward.pass(loss, &seed)?;
+    backward.run(loss, &seed)?;
     // Every parameter row, with 0 and a row count.
     let count = Placeholder::Stat.name(0);
     let schema = parameter.relation.schema();
