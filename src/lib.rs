@@ -83,7 +83,9 @@ pub use plan::dml::InlineUpdates;
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
 /// ([`tensor`]), the analyzer rule, the planner rules ([`plan::dml`],
 /// [`plan::broadcast`]) and the query planner of shared subplans
-/// ([`plan::shared`]) into `ctx`, with the built-in derivative rules.
+/// ([`plan::shared`]) into `ctx`, with the built-in derivative rules. The
+/// query planner replaces `ctx`'s: DataFusion's default planner, plus the
+/// shared subplans.
 pub fn register(ctx: &SessionContext) {
     register_with_rules(ctx, Rules::builtin());
 }

@@ -20,6 +20,9 @@
 //! go to both of its sides, and are summed per side's row), a filter's is
 //! the filter (rows dropped get nothing), a `UNION ALL`'s is the split into
 //! branches, and a table read several times gets the sum over its reads.
+//! An aggregate read several times (a CTE of groups joined by several
+//! blocks) is passed through once, after every aggregate that reads it,
+//! with the group adjoints of its reads summed ([`Backward::run`]).
 
 use std::sync::Arc;
 
