@@ -56,7 +56,10 @@ pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
         return plan;
     }
     LogicalPlan::Extension(Extension {
-        node: Arc::new(Shared { input: plan }),
+        node: Arc::new(Shared {
+            schema: Arc::clone(plan.schema()),
+            input: Arc::new(plan),
+        }),
     })
 }
 
@@ -76,8 +79,9 @@ pub(crate) fn unshared(plan: &LogicalPlan) -> &LogicalPlan {
 /// node.
 pub fn unshare(plan: LogicalPlan) -> Result<LogicalPlan> {
     plan.transform_up_with_subqueries(|p| match &p {
+        // Its input is not a child of the node: unshared on its own.
         LogicalPlan::Extension(_) if !std::ptr::eq(unshared(&p), &p) => {
-            Ok(Transformed::yes(unshared(&p).clone()))
+            Ok(Transformed::yes(unshare(unshared(&p).clone())?))
         }
         _ => Ok(Transformed::no(p)),
     })
@@ -85,9 +89,22 @@ pub fn unshare(plan: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 /// A subplan computed once per query: the logical node of [`share`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+///
+/// The subplan is not an input of the node (a leaf to DataFusion's
+/// optimizer): the plan of a backward pass reads one shared subplan from
+/// many places, and as a child it would be optimized and planned once per
+/// read. [`SharingPlanner`] optimizes and plans it once per query.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Shared {
-    input: LogicalPlan,
+    input: Arc<LogicalPlan>,
+    /// The input's schema.
+    schema: DFSchemaRef,
+}
+
+impl PartialOrd for Shared {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        self.input.partial_cmp(&other.input)
+    }
 }
 
 impl UserDefinedLogicalNodeCore for Shared {
@@ -96,11 +113,11 @@ impl UserDefinedLogicalNodeCore for Shared {
     }
 
     fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.input]
+        vec![]
     }
 
     fn schema(&self) -> &DFSchemaRef {
-        self.input.schema()
+        &self.schema
     }
 
     fn expressions(&self) -> Vec<Expr> {
@@ -112,9 +129,9 @@ impl UserDefinedLogicalNodeCore for Shared {
     }
 
     fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
-        match <[_; 1]>::try_from(inputs) {
-            Ok([input]) if exprs.is_empty() => Ok(Self { input }),
-            _ => internal_err!("Shared has one input and no expressions"),
+        match exprs.is_empty() && inputs.is_empty() {
+            true => Ok(self.clone()),
+            false => internal_err!("Shared has no inputs and no expressions"),
         }
     }
 }
@@ -139,40 +156,51 @@ impl QueryPlanner for SharingPlanner {
     }
 }
 
-/// The caches of one physical plan, by the (optimized) logical input.
+/// The shared subplans of one physical plan, by their logical plan: each
+/// optimized and planned once, with its cache.
 #[derive(Debug, Default)]
-struct Caches(Mutex<HashMap<LogicalPlan, Arc<Cache>>>);
+struct Caches(Mutex<HashMap<LogicalPlan, (Arc<dyn ExecutionPlan>, Arc<Cache>)>>);
 
 #[async_trait]
 impl ExtensionPlanner for Caches {
     async fn plan_extension(
         &self,
-        _planner: &dyn PhysicalPlanner,
+        planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
-        logical_inputs: &[&LogicalPlan],
-        physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
+        _logical_inputs: &[&LogicalPlan],
+        _physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session: &dyn Session,
         _planning_ctx: &PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        if !node.as_any().is::<Shared>() {
+        let Some(shared) = node.as_any().downcast_ref::<Shared>() else {
             return Ok(None);
-        }
-        let ([logical], [input]) = (logical_inputs, physical_inputs) else {
-            return internal_err!("Shared has one input");
         };
-        // Different in every iteration of its recursive query: not shared.
-        let iterated = input.exists(|p| Ok(p.is::<WorkTableExec>()))?;
-        if iterated {
-            return Ok(Some(Arc::clone(input)));
+        let known = self
+            .0
+            .lock()
+            .expect("caches lock")
+            .get(&shared.input)
+            .cloned();
+        let (input, cache) = match known {
+            Some(known) => known,
+            None => {
+                // Planned with `planner`, so that the shared subplans in it
+                // are planned into these caches too.
+                let optimized = session.optimize(&shared.input)?;
+                let input = planner.create_physical_plan(&optimized, session).await?;
+                let mut caches = self.0.lock().expect("caches lock");
+                let entry = caches
+                    .entry(shared.input.as_ref().clone())
+                    .or_insert_with(|| (input, Arc::default()));
+                (Arc::clone(&entry.0), Arc::clone(&entry.1))
+            }
+        };
+        // Different in every iteration of its recursive query: not shared,
+        // and in the plan, where the recursion finds its work table scans.
+        if input.exists(|p| Ok(p.is::<WorkTableExec>()))? {
+            return Ok(Some(input));
         }
-        let cache = Arc::clone(
-            self.0
-                .lock()
-                .expect("caches lock")
-                .entry((*logical).clone())
-                .or_default(),
-        );
-        Ok(Some(Arc::new(SharedExec::new(Arc::clone(input), cache))))
+        Ok(Some(Arc::new(SharedExec::new(input, cache))))
     }
 }
 
@@ -217,7 +245,11 @@ impl Cache {
 }
 
 /// One occurrence of a shared input: its input's partitions as the first
-/// occurrence to run computed them (see the [module docs](self)).
+/// occurrence to run computed them (see the [module docs](self)). The
+/// input, optimized and planned once per query, is not a child of the
+/// node, so that the optimizers of the plan around it do not walk it again
+/// at every occurrence; EXPLAIN names its root ([`SharedExec::input`] is
+/// the whole of it).
 #[derive(Debug)]
 pub struct SharedExec {
     input: Arc<dyn ExecutionPlan>,
@@ -228,11 +260,16 @@ impl SharedExec {
     fn new(input: Arc<dyn ExecutionPlan>, cache: Arc<Cache>) -> Self {
         Self { input, cache }
     }
+
+    /// The shared input (the same plan at every occurrence).
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
 }
 
 impl DisplayAs for SharedExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "SharedExec")
+        write!(f, "SharedExec: input={}", self.input.name())
     }
 }
 
@@ -246,16 +283,16 @@ impl ExecutionPlan for SharedExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
+        vec![]
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => Ok(Arc::new(Self::new(input, Arc::clone(&self.cache)))),
-            Err(_) => internal_err!("SharedExec has one child"),
+        match children.is_empty() {
+            true => Ok(self),
+            false => internal_err!("SharedExec has no children"),
         }
     }
 

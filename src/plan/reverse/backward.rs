@@ -368,6 +368,7 @@ impl<'a> Backward<'a> {
 
 /// How many aggregates deep `plan` is (in subqueries too).
 fn height(plan: &LogicalPlan) -> Result<usize> {
+    let plan = unshared(plan);
     let mut h = 0;
     for input in plan.inputs() {
         h = h.max(height(input)?);

@@ -123,7 +123,9 @@ impl<'a> Blocks<'a> {
                     );
                 }
             }
-            found = node == self.parameter;
+            // A shared subplan is a leaf to DataFusion: looked into here.
+            let inner = unshared(node);
+            found = node == self.parameter || (!std::ptr::eq(inner, node) && self.reads(inner)?);
             Ok(match found {
                 true => TreeNodeRecursion::Stop,
                 false => TreeNodeRecursion::Continue,
