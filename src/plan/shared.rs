@@ -159,7 +159,10 @@ impl QueryPlanner for SharingPlanner {
 /// The shared subplans of one physical plan, by their logical plan: each
 /// optimized and planned once, with its cache.
 #[derive(Debug, Default)]
-struct Caches(Mutex<HashMap<LogicalPlan, (Arc<dyn ExecutionPlan>, Arc<Cache>)>>);
+struct Caches(Mutex<HashMap<LogicalPlan, Planned>>);
+
+/// A shared subplan, planned, and its cache.
+type Planned = (Arc<dyn ExecutionPlan>, Arc<Cache>);
 
 #[async_trait]
 impl ExtensionPlanner for Caches {
