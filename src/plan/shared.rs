@@ -6,10 +6,14 @@
 //! aggregate as a leaf of the block above it and as the rows its adjoints
 //! join. Planned as they are, DataFusion would compute each occurrence
 //! anew — the whole forward query two or three times. A rewrite marks such
-//! a subplan with [`share`] (a [`Shared`] logical node); when the plan is
-//! made physical, every [`Shared`] node over an equal (optimized) input
-//! becomes a [`SharedExec`] over one cache: the first of them to run
-//! collects all of the input's partitions, and every occurrence reads them.
+//! a subplan with [`share`] (a [`Shared`] logical node, which holds the
+//! subplan without making it an input: the plan stays a DAG, however many
+//! blocks read the subplan). When the plan is made physical, the subplan
+//! is optimized and planned once, and every [`Shared`] node over an equal
+//! subplan becomes a [`SharedExec`] over it and one cache: the first of
+//! them to run collects all of the subplan's partitions, and every
+//! occurrence reads them. (A relational MLP's backward plan as a tree,
+//! each shared subplan repeated at every read, took seconds to plan.)
 //!
 //! The cache is taken from the query's memory pool. A result that does not
 //! fit is not kept, and every occurrence computes its input itself, as
