@@ -56,7 +56,7 @@ use futures::TryStreamExt;
 /// `plan`, marked to be computed once however often the query reads it
 /// (see the [module docs](self)).
 pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
-    if !std::ptr::eq(unshared(&plan), &plan) {
+    if shared_input(&plan).is_some() {
         return plan;
     }
     LogicalPlan::Extension(Extension {
@@ -67,27 +67,31 @@ pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
     })
 }
 
-/// The input of `plan` if it is a [`Shared`] node, else `plan`.
-pub(crate) fn unshared(plan: &LogicalPlan) -> &LogicalPlan {
+/// The subplan `plan` holds if it is a [`Shared`] node.
+pub(crate) fn shared_input(plan: &LogicalPlan) -> Option<&LogicalPlan> {
     match plan {
-        LogicalPlan::Extension(e) => match e.node.as_any().downcast_ref::<Shared>() {
-            Some(s) => &s.input,
-            None => plan,
-        },
-        _ => plan,
+        LogicalPlan::Extension(e) => e
+            .node
+            .as_any()
+            .downcast_ref::<Shared>()
+            .map(|s| s.input.as_ref()),
+        _ => None,
     }
+}
+
+/// The subplan of `plan` if it is a [`Shared`] node, else `plan`.
+pub(crate) fn unshared(plan: &LogicalPlan) -> &LogicalPlan {
+    shared_input(plan).unwrap_or(plan)
 }
 
 /// `plan` with every [`Shared`] node replaced by its input: the same
 /// results, for a planner (Ballista's, an exporter) that does not know the
 /// node.
 pub fn unshare(plan: LogicalPlan) -> Result<LogicalPlan> {
-    plan.transform_up_with_subqueries(|p| match &p {
-        // Its input is not a child of the node: unshared on its own.
-        LogicalPlan::Extension(_) if !std::ptr::eq(unshared(&p), &p) => {
-            Ok(Transformed::yes(unshare(unshared(&p).clone())?))
-        }
-        _ => Ok(Transformed::no(p)),
+    plan.transform_up_with_subqueries(|p| match shared_input(&p) {
+        // Its subplan is not a child of the node: unshared on its own.
+        Some(input) => Ok(Transformed::yes(unshare(input.clone())?)),
+        None => Ok(Transformed::no(p)),
     })
     .map(|t| t.data)
 }
@@ -310,11 +314,10 @@ impl ExecutionPlan for SharedExec {
     ) -> Result<SendableRecordBatchStream> {
         let pending = self.cache.get(&self.input, &context);
         let input = Arc::clone(&self.input);
-        let partitions = input.properties().partitioning.partition_count();
         let stream = futures::stream::once(async move {
             let cached = pending.await.map_err(DataFusionError::Shared)?;
             Ok::<SendableRecordBatchStream, DataFusionError>(match cached.as_ref() {
-                Some((batches, _)) if batches.len() == partitions => {
+                Some((batches, _)) => {
                     let batches = batches[partition].clone();
                     let schema = input.schema();
                     Box::pin(RecordBatchStreamAdapter::new(
@@ -322,8 +325,8 @@ impl ExecutionPlan for SharedExec {
                         futures::stream::iter(batches.into_iter().map(Ok)),
                     ))
                 }
-                // Not kept (or another partitioning): computed here.
-                _ => input.execute(partition, context)?,
+                // Not kept: computed here.
+                None => input.execute(partition, context)?,
             })
         })
         .try_flatten();

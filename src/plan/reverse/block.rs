@@ -32,7 +32,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::error::{fail, ErrorKind};
-use crate::plan::shared::{share, unshared};
+use crate::plan::shared::{share, shared_input, unshared};
 use crate::plan::unalias;
 use crate::reserved::{leaf_qualifier, Placeholder, PRESENT};
 
@@ -124,8 +124,11 @@ impl<'a> Blocks<'a> {
                 }
             }
             // A shared subplan is a leaf to DataFusion: looked into here.
-            let inner = unshared(node);
-            found = node == self.parameter || (!std::ptr::eq(inner, node) && self.reads(inner)?);
+            found = node == self.parameter
+                || match shared_input(node) {
+                    Some(input) => self.reads(input)?,
+                    None => false,
+                };
             Ok(match found {
                 true => TreeNodeRecursion::Stop,
                 false => TreeNodeRecursion::Continue,
