@@ -96,8 +96,15 @@ fn open() -> std::result::Result<Gpu, String> {
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err("the CUDA driver library (libcuda.so) could not be loaded".to_string());
         }
-        let count = CudaContext::device_count()
-            .map_err(|e| format!("the CUDA driver could not be initialised ({e})"))?;
+        let count = CudaContext::device_count().map_err(|e| {
+            let hint = if format!("{e:?}").contains("STUB_LIBRARY") {
+                ": the libcuda.so loaded is the CUDA toolkit's stub; take the toolkit's \
+                 lib/stubs folder off LD_LIBRARY_PATH"
+            } else {
+                ""
+            };
+            format!("the CUDA driver could not be initialised ({e:?}){hint}")
+        })?;
         if count < 1 {
             return Err("the CUDA driver reports no device".to_string());
         }
