@@ -17,7 +17,9 @@
 //! - [`dml`]: `UPDATE`/`DELETE` over computed columns;
 //! - [`broadcast`]: the physical rule that broadcasts a global aggregate;
 //! - [`shared`]: subplans read several times (the forward aggregates a
-//!   backward pass reads again) computed once per query.
+//!   backward pass reads again) computed once per query;
+//! - [`iterate`]: recursive queries whose recursive term reads the work
+//!   table more than once (a training step's loss over its parameters).
 //!
 //! ```sql
 //! -- through an aggregate: d/dw avg((w·x − y)²), one value per group
@@ -30,6 +32,7 @@ pub mod broadcast;
 pub mod dml;
 pub mod expand;
 pub mod free_variables;
+pub mod iterate;
 pub mod lineage;
 pub mod reverse;
 pub mod shared;

@@ -53,6 +53,8 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use futures::TryStreamExt;
 
+use super::iterate::{iterate_loops, IteratePlanner};
+
 /// `plan`, marked to be computed once however often the query reads it
 /// (see the [module docs](self)).
 pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
@@ -146,7 +148,8 @@ impl UserDefinedLogicalNodeCore for Shared {
 
 /// The query planner installed by [`crate::register`]: DataFusion's, with
 /// [`Shared`] nodes planned as [`SharedExec`]s, one cache per equal input
-/// in each plan.
+/// in each plan, and recursive queries that read their work table more
+/// than once run by [`super::iterate`].
 #[derive(Debug, Default)]
 pub struct SharingPlanner;
 
@@ -158,8 +161,9 @@ impl QueryPlanner for SharingPlanner {
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let caches = Arc::new(Caches::default());
-        DefaultPhysicalPlanner::with_extension_planners(vec![caches])
-            .create_physical_plan(logical_plan, session)
+        let plan = iterate_loops(logical_plan.clone())?;
+        DefaultPhysicalPlanner::with_extension_planners(vec![caches, Arc::new(IteratePlanner)])
+            .create_physical_plan(&plan, session)
             .await
     }
 }
@@ -197,7 +201,7 @@ impl ExtensionPlanner for Caches {
             None => {
                 // Planned with `planner`, so that the shared subplans in it
                 // are planned into these caches too.
-                let optimized = session.optimize(&shared.input)?;
+                let optimized = iterate_loops(session.optimize(&shared.input)?)?;
                 let input = planner.create_physical_plan(&optimized, session).await?;
                 let mut caches = self.0.lock().expect("caches lock");
                 let entry = caches
