@@ -30,8 +30,9 @@
 //! SELECT * FROM s;
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -67,7 +68,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
 
-use super::shared::shared_input;
+use super::shared::{shared_input, SharedExec};
 
 /// `plan` with every recursive query whose recursive term reads the work
 /// table more than once as an [`Iterate`] node (see the [module docs](self)).
@@ -163,12 +164,13 @@ fn projected_subqueries(plan: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 /// How many times `plan` scans the work table of the recursive CTE `name`
-/// (in subqueries and shared subplans too).
+/// (in subqueries too). A scan in a shared subplan counts twice: it is read
+/// by the subplan's cache, which only [`IterateExec`] refreshes.
 fn work_table_reads(plan: &LogicalPlan, name: &str) -> Result<usize> {
     let mut reads = 0;
     plan.apply_with_subqueries(|p| {
         if let Some(input) = shared_input(p) {
-            reads += work_table_reads(input, name)?;
+            reads += 2 * work_table_reads(input, name)?;
         }
         if let LogicalPlan::TableScan(scan) = p {
             let provider = source_as_provider(&scan.source)?;
@@ -281,9 +283,14 @@ impl ExtensionPlanner for IteratePlanner {
 }
 
 /// The rows of the previous iteration, which the [`IterationScanExec`]s of
-/// the recursive term read (`None` before the first).
+/// the recursive term read (`None` before the first), and the number of
+/// the iteration reading them (from 1), which tells the shared subplans
+/// over them when to compute again.
 #[derive(Debug, Default)]
-struct IterationRows(Mutex<Option<Vec<RecordBatch>>>);
+struct IterationRows {
+    rows: Mutex<Option<Vec<RecordBatch>>>,
+    iteration: Arc<AtomicU64>,
+}
 
 /// A recursive query run iteration by iteration, its recursive term reading
 /// the previous iteration's rows any number of times (see the
@@ -310,15 +317,12 @@ impl IterateExec {
         distinct: bool,
     ) -> Result<Self> {
         let rows = Arc::new(IterationRows::default());
-        let recursive_term = recursive_term
-            .transform_down(|p| match p.downcast_ref::<WorkTableExec>() {
-                Some(scan) if scan.name() == name => {
-                    let scan = IterationScanExec::try_new(&rows, &schema, scan.schema())?;
-                    Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>))
-                }
-                _ => Ok(Transformed::no(p)),
-            })?
-            .data;
+        let scans = Scans {
+            name,
+            rows: &rows,
+            schema: &schema,
+        };
+        let recursive_term = scans.replace(recursive_term, &mut HashMap::new())?;
         Ok(Self {
             name: name.to_string(),
             static_term: project_plan_to_schema(static_term, &schema)?,
@@ -327,6 +331,69 @@ impl IterateExec {
             distinct,
             properties: Arc::new(single_partition(schema)),
         })
+    }
+}
+
+/// The work-table scans of one recursive query, to replace.
+struct Scans<'a> {
+    name: &'a str,
+    rows: &'a Arc<IterationRows>,
+    /// The recursive query's rows.
+    schema: &'a SchemaRef,
+}
+
+impl Scans<'_> {
+    /// `plan` with its scans of the work table replaced by scans of the
+    /// previous iteration's rows, in the inputs of shared subplans too
+    /// (each input replaced once: `done`, by the input's address).
+    fn replace(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        done: &mut HashMap<usize, Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_down(|p| {
+            if let Some(scan) = p.downcast_ref::<WorkTableExec>() {
+                if scan.name() == self.name {
+                    let scan = IterationScanExec::try_new(self.rows, self.schema, scan.schema())?;
+                    return Ok(Transformed::yes(Arc::new(scan) as Arc<dyn ExecutionPlan>));
+                }
+            }
+            let Some(shared) = p.downcast_ref::<SharedExec>() else {
+                return Ok(Transformed::no(p));
+            };
+            if !self.read_by(shared.input())? {
+                return Ok(Transformed::no(p));
+            }
+            let key = Arc::as_ptr(shared.input()) as *const () as usize;
+            let input = match done.get(&key) {
+                Some(input) => Arc::clone(input),
+                None => {
+                    let input = self.replace(Arc::clone(shared.input()), done)?;
+                    done.insert(key, Arc::clone(&input));
+                    input
+                }
+            };
+            let shared = shared.per_iteration(input, &self.rows.iteration);
+            Ok(Transformed::yes(Arc::new(shared) as Arc<dyn ExecutionPlan>))
+        })
+        .map(|t| t.data)
+    }
+
+    /// Whether `plan` scans the work table (in shared subplans too).
+    fn read_by(&self, plan: &Arc<dyn ExecutionPlan>) -> Result<bool> {
+        let mut found = false;
+        plan.apply(|p| {
+            if let Some(scan) = p.downcast_ref::<WorkTableExec>() {
+                found |= scan.name() == self.name;
+            } else if let Some(shared) = p.downcast_ref::<SharedExec>() {
+                found |= self.read_by(shared.input())?;
+            }
+            Ok(match found {
+                true => TreeNodeRecursion::Stop,
+                false => TreeNodeRecursion::Continue,
+            })
+        })?;
+        Ok(found)
     }
 }
 
@@ -471,7 +538,8 @@ impl Run {
                     let rows = std::mem::take(&mut self.produced);
                     let size = rows.iter().map(RecordBatch::get_array_memory_size).sum();
                     self.reservation.resize(size);
-                    *self.rows.0.lock().expect("iteration rows lock") = Some(rows);
+                    *self.rows.rows.lock().expect("iteration rows lock") = Some(rows);
+                    self.rows.iteration.fetch_add(1, Ordering::AcqRel);
                     let term = reset_plan_states(Arc::clone(&self.recursive_term))?;
                     self.current = term.execute(0, Arc::clone(&self.context))?;
                 }
@@ -583,7 +651,7 @@ impl ExecutionPlan for IterationScanExec {
         if partition != 0 {
             return internal_err!("IterationScanExec has one partition, asked for {partition}");
         }
-        let rows = self.rows.0.lock().expect("iteration rows lock").clone();
+        let rows = self.rows.rows.lock().expect("iteration rows lock").clone();
         let Some(rows) = rows else {
             return internal_err!("the previous iteration's rows were read before the first");
         };

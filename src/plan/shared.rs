@@ -17,9 +17,10 @@
 //!
 //! The cache is taken from the query's memory pool. A result that does not
 //! fit is not kept, and every occurrence computes its input itself, as
-//! without sharing. A subplan that reads a recursive CTE's work table
-//! changes from one iteration to the next and is not shared; any other is
-//! kept for the whole query (over the iterations of a recursive query too).
+//! without sharing. A subplan that reads the rows of a recursive query's
+//! previous iteration ([`super::iterate`]) is kept for one iteration and
+//! computed again in the next; any other is kept for the whole query (over
+//! the iterations of a recursive query too).
 //!
 //! [`SharingPlanner`], the query planner installed by [`crate::register`],
 //! plans the [`Shared`] nodes; a planner that does not know them gets the
@@ -27,12 +28,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::common::{internal_err, DFSchemaRef, DataFusionError};
 use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
@@ -43,8 +45,8 @@ use datafusion::logical_expr::{
     Expr, Extension, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::work_table::WorkTableExec;
 use datafusion::physical_plan::{
     collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
     SendableRecordBatchStream,
@@ -210,11 +212,6 @@ impl ExtensionPlanner for Caches {
                 (Arc::clone(&entry.0), Arc::clone(&entry.1))
             }
         };
-        // Different in every iteration of its recursive query: not shared,
-        // and in the plan, where the recursion finds its work table scans.
-        if input.exists(|p| Ok(p.is::<WorkTableExec>()))? {
-            return Ok(Some(input));
-        }
         Ok(Some(Arc::new(SharedExec::new(input, cache))))
     }
 }
@@ -227,35 +224,51 @@ type Cached = Option<(Vec<Vec<RecordBatch>>, MemoryReservation)>;
 type Pending =
     SharedFuture<BoxFuture<'static, std::result::Result<Arc<Cached>, Arc<DataFusionError>>>>;
 
-/// What the occurrences of one shared input have in common.
+/// What the occurrences of one shared input have in common: its result,
+/// and the iteration it was computed in (see [`SharedExec::per_iteration`]).
 #[derive(Debug, Default)]
-struct Cache(Mutex<Option<Pending>>);
+struct Cache(Mutex<Option<(u64, Pending)>>);
 
 impl Cache {
-    /// The result of `input`, computed on the first call.
-    fn get(&self, input: &Arc<dyn ExecutionPlan>, context: &Arc<TaskContext>) -> Pending {
+    /// The result of `input` in `iteration`, computed on its first call; an
+    /// input computed in an earlier iteration is reset and computed again.
+    fn get(
+        &self,
+        input: &Arc<dyn ExecutionPlan>,
+        context: &Arc<TaskContext>,
+        iteration: u64,
+    ) -> Result<Pending> {
         let mut slot = self.0.lock().expect("cache lock");
-        slot.get_or_insert_with(|| {
-            let input = Arc::clone(input);
-            let context = Arc::clone(context);
-            async move {
-                let partitions = collect_partitioned(input, Arc::clone(&context)).await?;
-                let size = partitions
-                    .iter()
-                    .flatten()
-                    .map(RecordBatch::get_array_memory_size)
-                    .sum();
-                let reservation = MemoryConsumer::new("SharedExec").register(context.memory_pool());
-                Ok(Arc::new(match reservation.try_grow(size) {
-                    Ok(()) => Some((partitions, reservation)),
-                    Err(_) => None,
-                }))
+        if let Some((computed_in, pending)) = slot.as_ref() {
+            if *computed_in == iteration {
+                return Ok(pending.clone());
             }
-            .map(|r: Result<Arc<Cached>>| r.map_err(Arc::new))
-            .boxed()
-            .shared()
-        })
-        .clone()
+        }
+        let input = match iteration {
+            0 => Arc::clone(input),
+            // A join's build side and the like are kept in the plan's
+            // state: reset, as the recursion resets its own term.
+            _ => reset_plan_states(Arc::clone(input))?,
+        };
+        let context = Arc::clone(context);
+        let pending = async move {
+            let partitions = collect_partitioned(input, Arc::clone(&context)).await?;
+            let size = partitions
+                .iter()
+                .flatten()
+                .map(RecordBatch::get_array_memory_size)
+                .sum();
+            let reservation = MemoryConsumer::new("SharedExec").register(context.memory_pool());
+            Ok(Arc::new(match reservation.try_grow(size) {
+                Ok(()) => Some((partitions, reservation)),
+                Err(_) => None,
+            }))
+        }
+        .map(|r: Result<Arc<Cached>>| r.map_err(Arc::new))
+        .boxed()
+        .shared();
+        *slot = Some((iteration, pending.clone()));
+        Ok(pending)
     }
 }
 
@@ -269,16 +282,47 @@ impl Cache {
 pub struct SharedExec {
     input: Arc<dyn ExecutionPlan>,
     cache: Arc<Cache>,
+    /// The iteration counters of the recursive queries whose previous rows
+    /// the input reads: it is computed again in each iteration.
+    iterations: Vec<Arc<AtomicU64>>,
 }
 
 impl SharedExec {
     fn new(input: Arc<dyn ExecutionPlan>, cache: Arc<Cache>) -> Self {
-        Self { input, cache }
+        Self {
+            input,
+            cache,
+            iterations: Vec::new(),
+        }
     }
 
     /// The shared input (the same plan at every occurrence).
     pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
         &self.input
+    }
+
+    /// This occurrence over `input`, the same subplan reading the rows of a
+    /// recursive query's previous iteration, which `iteration` counts: kept
+    /// for one iteration, shared by the occurrences that read it then (the
+    /// same cache as this one's).
+    pub(crate) fn per_iteration(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        iteration: &Arc<AtomicU64>,
+    ) -> Self {
+        let mut iterations = self.iterations.clone();
+        iterations.push(Arc::clone(iteration));
+        Self {
+            input,
+            cache: Arc::clone(&self.cache),
+            iterations,
+        }
+    }
+
+    /// The iteration the recursive queries around are in (0 outside any).
+    fn iteration(&self) -> u64 {
+        let counts = self.iterations.iter().map(|i| i.load(Ordering::Acquire));
+        counts.fold(0, u64::wrapping_add)
     }
 }
 
@@ -316,7 +360,8 @@ impl ExecutionPlan for SharedExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let pending = self.cache.get(&self.input, &context);
+        let iteration = self.iteration();
+        let pending = self.cache.get(&self.input, &context, iteration)?;
         let input = Arc::clone(&self.input);
         let stream = futures::stream::once(async move {
             let cached = pending.await.map_err(DataFusionError::Shared)?;
@@ -329,7 +374,8 @@ impl ExecutionPlan for SharedExec {
                         futures::stream::iter(batches.into_iter().map(Ok)),
                     ))
                 }
-                // Not kept: computed here.
+                // Not kept: computed here (reset, as in Cache::get).
+                None if iteration > 0 => reset_plan_states(input)?.execute(partition, context)?,
                 None => input.execute(partition, context)?,
             })
         })
@@ -378,7 +424,7 @@ mod tests {
             let batches = collect(exec, Arc::clone(&context)).await?;
             rows.push(batches.iter().map(RecordBatch::num_rows).sum());
         }
-        let pending = cache.0.lock().unwrap().clone().expect("computed");
+        let (_, pending) = cache.0.lock().unwrap().clone().expect("computed");
         let kept = pending
             .await
             .map_err(datafusion::error::DataFusionError::Shared)?;
