@@ -21,13 +21,10 @@
 //!
 //! Every query the client runs is bounded in time ([`DeadlineExec`]).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{BooleanArray, RecordBatch};
-use datafusion::arrow::compute::filter_record_batch;
-use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::arrow::array::RecordBatch;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, DFSchemaRef, ScalarValue};
@@ -40,6 +37,7 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 
 use super::deadline::DeadlineExec;
 use crate::options::GradOptions;
+use crate::plan::iterate::Seen;
 
 /// A query planner that evaluates recursive queries on the client, one
 /// query of `inner` (Ballista's planner) per iteration, and plans the rest
@@ -80,18 +78,24 @@ impl ClientRecursion {
     ) -> Result<Vec<RecordBatch>> {
         let mut seen = q
             .is_distinct
-            .then(|| Distinct::new(&q.schema))
+            .then(|| Seen::new(q.schema.inner()))
             .transpose()?;
         let mut work = self.run(&q.static_term, session).await?;
         if let Some(seen) = seen.as_mut() {
-            work = seen.new_rows(work)?;
+            work = work
+                .iter()
+                .map(|b| seen.new_rows(b))
+                .collect::<Result<_>>()?;
         }
         let mut all = work.clone();
         while work.iter().any(|b| b.num_rows() > 0) {
             let term = with_work_table(&q.recursive_term, &q.name, &work)?;
             work = self.run(&term, session).await?;
             if let Some(seen) = seen.as_mut() {
-                work = seen.new_rows(work)?;
+                work = work
+                    .iter()
+                    .map(|b| seen.new_rows(b))
+                    .collect::<Result<_>>()?;
             }
             all.extend(work.iter().cloned());
         }
@@ -237,39 +241,4 @@ fn rows_plan(
         plan = plan.limit(0, Some(fetch))?;
     }
     plan.build()
-}
-
-/// The rows a `UNION` recursive query has produced so far.
-struct Distinct {
-    converter: RowConverter,
-    seen: HashSet<Vec<u8>>,
-}
-
-impl Distinct {
-    fn new(schema: &DFSchemaRef) -> Result<Self> {
-        let fields = schema
-            .fields()
-            .iter()
-            .map(|f| SortField::new(f.data_type().clone()))
-            .collect();
-        Ok(Self {
-            converter: RowConverter::new(fields)?,
-            seen: HashSet::new(),
-        })
-    }
-
-    /// The rows of `batches` not seen before (each once).
-    fn new_rows(&mut self, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
-        batches
-            .into_iter()
-            .map(|batch| {
-                let rows = self.converter.convert_columns(batch.columns())?;
-                let keep: BooleanArray = rows
-                    .iter()
-                    .map(|r| Some(self.seen.insert(r.as_ref().to_vec())))
-                    .collect();
-                Ok(filter_record_batch(&batch, &keep)?)
-            })
-            .collect()
-    }
 }

@@ -548,14 +548,16 @@ impl Run {
     }
 }
 
-/// The rows a `UNION` recursion has produced, in the row format.
-struct Seen {
+/// The rows a `UNION` recursion has produced, in the row format (for
+/// [`IterateExec`] and Ballista's client-driven recursion).
+pub(crate) struct Seen {
     converter: RowConverter,
     rows: HashSet<OwnedRow>,
 }
 
 impl Seen {
-    fn new(schema: &SchemaRef) -> Result<Self> {
+    /// No rows yet, of `schema`.
+    pub(crate) fn new(schema: &SchemaRef) -> Result<Self> {
         let fields = schema
             .fields()
             .iter()
@@ -569,7 +571,7 @@ impl Seen {
 
     /// The rows of `batch` not produced before (nor earlier in `batch`),
     /// which are then recorded as produced.
-    fn new_rows(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
+    pub(crate) fn new_rows(&mut self, batch: &RecordBatch) -> Result<RecordBatch> {
         let rows = self.converter.convert_columns(batch.columns())?;
         let keep: Vec<bool> = rows.iter().map(|r| self.rows.insert(r.owned())).collect();
         Ok(filter_record_batch(batch, &keep.into())?)
