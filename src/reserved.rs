@@ -24,6 +24,7 @@
 //! | `__dfgrad_seed`, `__dfgrad_stats` | qualifiers of a group's adjoints and of its statistics while they are joined |
 //! | `__dfgrad_gradient`, `__dfgrad_table{k}` | a gradient table's derivative column, and the table's qualifier where it is joined |
 //! | `__dfgrad_duplicate_rows` | the check that a parameter relation's rows are told apart |
+//! | `__dfgrad_r{k}`, `c{i}` | an operator's CTE in exported SQL printed as a chain, and its column `i` (read only qualified, by the chain's own aliases `q`, `l`, `r`) |
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, TableReference};
@@ -144,6 +145,18 @@ pub(crate) fn is_gradient_table_qualifier(q: &TableReference) -> bool {
     q.table()
         .strip_prefix("__dfgrad_table")
         .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The name of the `k`-th CTE of a query exported as a chain of operators
+/// (`__dfgrad_r{k}`).
+pub(crate) fn export_relation(k: usize) -> String {
+    format!("__dfgrad_r{k}")
+}
+
+/// Column `i` of such a CTE (`c{i}`): only ever read qualified by the
+/// chain's own alias of its CTE, so it cannot meet a user's name.
+pub(crate) fn export_column(i: usize) -> String {
+    format!("c{i}")
 }
 
 /// A backward input's column telling a row that is there from one an outer

@@ -114,6 +114,20 @@ const QUERIES: &[&str] = &[
     "WITH RECURSIVE r(n, m) AS (SELECT 1 AS n, 1 AS m UNION ALL \
        SELECT r.n + 1, r.m + c.k FROM r JOIN (VALUES (1, 10), (2, 20), (3, 30)) AS c(n, k) ON r.n = c.n) \
      SELECT n, m FROM r ORDER BY n",
+    // relational reverse mode: the gradient with respect to every row of a
+    // parameter relation, through a join with the partitioned data and AVG
+    "WITH p(k, w) AS (VALUES (0, 0.5), (1, 1.5), (2, 2.5), (3, 9.0)), \
+          s AS (SELECT avg(power(p.w * t.x - t.y, 2)) AS loss FROM t JOIN p ON p.k = t.i % 3) \
+     SELECT k, grad((SELECT loss FROM s), p.w) AS g FROM p ORDER BY k",
+    // ... and a training loop of it in one recursive query: the loss reads
+    // the work table (driven by the client, one distributed query a step)
+    "WITH RECURSIVE train(step, k, w) AS ( \
+       SELECT 0 AS step, k, CAST(0.0 AS DOUBLE) AS w FROM (VALUES (0), (1), (2)) AS v(k) \
+       UNION ALL \
+       SELECT step + 1, k, w - 0.3 * grad((SELECT avg(power(p.w * t.x - t.y, 2)) \
+                                          FROM t JOIN train p ON p.k = t.i % 3), w) \
+       FROM train WHERE step < 4) \
+     SELECT step, k, w FROM train ORDER BY step, k",
     // a recursive query with no rows
     "WITH RECURSIVE r(n) AS (SELECT i FROM t WHERE i < 0 UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
      SELECT count(*) AS c FROM r",
@@ -209,6 +223,21 @@ async fn standalone_cluster_gives_the_local_numbers() -> Result<()> {
         .and_then(|df| df.into_optimized_plan())
         .unwrap_err();
     assert!(err.to_string().contains("non_differentiable"), "{err}");
+
+    // a gradient table's duplicate-rows check fails on the executors too
+    let err = rows(
+        &remote,
+        "WITH p(k, w) AS (VALUES (0, 0.5), (0, 1.5)), \
+              s AS (SELECT sum(p.w * t.x) AS loss FROM t JOIN p ON p.k = t.i % 2) \
+         SELECT k, grad((SELECT loss FROM s), p.w) AS g FROM p",
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("several rows with the same other columns"),
+        "{err}"
+    );
     Ok(())
 }
 

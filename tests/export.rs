@@ -458,14 +458,120 @@ fn differentiate_sql_refusals_are_typed() {
     );
 }
 
+/// Tables of a relational model, in `ctx`: parameters `p` (row 3 never
+/// read by the losses below) and data `d`.
+async fn relational_tables(ctx: &SessionContext, duplicate: bool) {
+    let p = match duplicate {
+        false => "CREATE TABLE p(g INT, val DOUBLE) AS VALUES (1, 2.0), (2, 3.0), (3, 7.0)",
+        true => "CREATE TABLE p(g INT, val DOUBLE) AS VALUES (1, 2.0), (1, 3.0), (3, 7.0)",
+    };
+    for ddl in [
+        p,
+        "CREATE TABLE d(g INT, x DOUBLE) AS VALUES (1, 1.0), (1, 2.0), (2, 5.0), (2, NULL)",
+    ] {
+        ctx.sql(ddl).await.unwrap().collect().await.unwrap();
+    }
+}
+
+async fn rows(ctx: &SessionContext, sql: &str) -> Result<String> {
+    let batches = ctx.sql(sql).await?.collect().await?;
+    Ok(datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string())
+}
+
 #[tokio::test]
-async fn relational_reverse_mode_is_refused_not_printed_wrong() {
-    let sql = "SELECT k, grad((SELECT sum(x * x * y) FROM t), x) FROM t";
-    for dialect in [SqlDialect::DuckDb, SqlDialect::Postgres] {
+async fn relational_reverse_mode_exports_a_chain_that_plain_datafusion_runs() {
+    let cases = [
+        // a join, a loss read through a CTE
+        "WITH s AS (SELECT sum(d.x * p.val * p.val) AS loss FROM d JOIN p ON p.g = d.g) \
+         SELECT p.g, grad((SELECT loss FROM s), p.val) AS dval FROM p ORDER BY p.g",
+        // the FROM form, a max per group and an L2 scalar subquery
+        "WITH z AS (SELECT d.g, max(d.x * p.val) AS m FROM d JOIN p ON p.g = d.g GROUP BY d.g), \
+              s AS (SELECT sum(m * m) + 0.5 * (SELECT sum(val * val) FROM p) AS loss FROM z) \
+         SELECT g, val AS dval FROM grad(s, p.val) ORDER BY g",
+        // a training step as a new table
+        "CREATE TABLE p2 AS SELECT g, val - 0.1 * grad((SELECT avg(d.x * p.val) FROM d \
+         JOIN p ON p.g = d.g), val) AS val FROM p",
+    ];
+    for sql in cases {
+        let grad_ctx = datafusion_grad::session_context();
+        relational_tables(&grad_ctx, false).await;
+        let exported = rewrite_sql(&grad_ctx, sql, SqlDialect::DataFusion)
+            .await
+            .unwrap();
+        assert!(!exported.contains("grad("), "{exported}");
+        assert!(
+            exported.starts_with("WITH ") || exported.starts_with("CREATE TABLE p2 AS WITH"),
+            "{exported}"
+        );
+        // Run back in DataFusion without datafusion-grad: the same rows.
+        let plain = SessionContext::new();
+        relational_tables(&plain, false).await;
+        let grad_ctx = datafusion_grad::session_context();
+        relational_tables(&grad_ctx, false).await;
+        let (expected, actual) = match sql.starts_with("CREATE") {
+            true => {
+                rows(&grad_ctx, sql).await.unwrap();
+                rows(&plain, &exported).await.unwrap();
+                let check = "SELECT * FROM p2 ORDER BY g";
+                (
+                    rows(&grad_ctx, check).await.unwrap(),
+                    rows(&plain, check).await.unwrap(),
+                )
+            }
+            false => (
+                rows(&grad_ctx, sql).await.unwrap(),
+                rows(&plain, &exported).await.unwrap(),
+            ),
+        };
+        assert_eq!(expected, actual, "{exported}");
+    }
+}
+
+#[tokio::test]
+async fn exported_gradient_tables_fail_on_duplicate_parameter_rows() {
+    let sql = "WITH s AS (SELECT sum(d.x * p.val) AS loss FROM d JOIN p ON p.g = d.g) \
+               SELECT p.g, grad((SELECT loss FROM s), p.val) FROM p";
+    let grad_ctx = datafusion_grad::session_context();
+    relational_tables(&grad_ctx, true).await;
+    let exported = rewrite_sql(&grad_ctx, sql, SqlDialect::DataFusion)
+        .await
+        .unwrap();
+    let plain = SessionContext::new();
+    relational_tables(&plain, true).await;
+    let err = rows(&plain, &exported)
+        .await
+        .expect_err("duplicates must fail");
+    assert!(
+        err.to_string()
+            .contains("several rows with the same other columns (`p.g`)"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn relational_reverse_mode_export_refusals_are_typed() {
+    let ctx = datafusion_grad::session_context();
+    relational_tables(&ctx, false).await;
+    let sql = "SELECT g, grad((SELECT sum(d.x * p.val) FROM d JOIN p ON p.g = d.g), val) FROM p";
+    assert_refused(
+        rewrite_sql(&ctx, sql, SqlDialect::Sqlite).await,
+        ErrorKind::Unexportable,
+        "SQLite has no way to fail a query",
+    );
+    // A training loop: the gradient table reads the work table.
+    let looped = "WITH RECURSIVE train(step, g, val) AS (SELECT 0, g, val FROM p UNION ALL \
+                  SELECT step + 1, g, val - 0.1 * grad((SELECT sum(d.x * q.val) FROM d \
+                  JOIN train q ON q.g = d.g), val) FROM train WHERE step < 3) \
+                  SELECT * FROM train";
+    for dialect in [
+        SqlDialect::DuckDb,
+        SqlDialect::Postgres,
+        SqlDialect::DataFusion,
+    ] {
         assert_refused(
-            rewrite(sql, dialect).await,
+            rewrite_sql(&ctx, looped, dialect).await,
             ErrorKind::Unexportable,
-            "relational reverse mode",
+            "a recursive query",
         );
     }
 }

@@ -20,6 +20,11 @@ def num(v):
     return repr(float(v))
 
 
+def double(v):
+    """`v` as an SQL DOUBLE (DuckDB reads a bare `0.5` as a DECIMAL)."""
+    return f"CAST({num(v)} AS DOUBLE)"
+
+
 def gradients(ctx, sql, keys):
     """{key tuple: gradient} of the query's rows (keys, then `g`)."""
     return {tuple(r[k] for k in keys): r["g"] for r in ctx.sql(sql).to_pylist()}
@@ -45,53 +50,63 @@ def test_relational_mlp_matches_jax():
 
     expected = jax.grad(model)(weights)
 
-    ctx = dg.SessionContext()
-    ctx.sql(
+    ddl = [
         "CREATE TABLE x AS SELECT * FROM (VALUES "
-        + ", ".join(f"({r}, {i + 1}, {num(x[r, i])})" for r in range(n) for i in range(d))
-        + ") AS t(n, i, x)"
-    ).collect()
-    ctx.sql(
+        + ", ".join(f"({r}, {i + 1}, {double(x[r, i])})" for r in range(n) for i in range(d))
+        + ") AS t(n, i, x)",
         "CREATE TABLE y AS SELECT * FROM (VALUES "
         + ", ".join(f"({r}, {y[r]})" for r in range(n))
-        + ") AS t(n, c)"
-    ).collect()
-    # weight rows: (layer, i, j, val); input i = 0 is the bias
-    ctx.sql(
+        + ") AS t(n, c)",
+        # weight rows: (layer, i, j, val); input i = 0 is the bias
         "CREATE TABLE w AS SELECT * FROM (VALUES "
         + ", ".join(
-            f"({layer}, {i}, {j}, {num(w[i, j])})"
+            f"({layer}, {i}, {j}, {double(w[i, j])})"
             for layer, w in weights.items()
             for i in range(w.shape[0])
             for j in range(w.shape[1])
         )
-        + ") AS t(layer, i, j, val)"
-    ).collect()
-    got = gradients(
-        ctx,
-        """
-        WITH ones AS (SELECT DISTINCT n, 0 AS i, 1.0 AS v FROM x),
-        a0 AS (SELECT n, i, x AS v FROM x UNION ALL SELECT * FROM ones),
-        h1 AS (SELECT a0.n, w.j, tanh(sum(a0.v * w.val)) AS h FROM a0
-               JOIN w ON w.layer = 1 AND w.i = a0.i GROUP BY a0.n, w.j),
-        a1 AS (SELECT n, j + 1 AS i, h AS v FROM h1 UNION ALL SELECT * FROM ones),
-        h2 AS (SELECT a1.n, w.j, tanh(sum(a1.v * w.val)) AS h FROM a1
-               JOIN w ON w.layer = 2 AND w.i = a1.i GROUP BY a1.n, w.j),
-        a2 AS (SELECT n, j + 1 AS i, h AS v FROM h2 UNION ALL SELECT * FROM ones),
-        z AS (SELECT a2.n, w.j AS c, sum(a2.v * w.val) AS z FROM a2
-              JOIN w ON w.layer = 3 AND w.i = a2.i GROUP BY a2.n, w.j),
-        m AS (SELECT n, max(z) AS m FROM z GROUP BY n),
-        lse AS (SELECT z.n, m.m + ln(sum(exp(z.z - m.m))) AS lse
-                FROM z JOIN m ON z.n = m.n GROUP BY z.n, m.m),
-        loss AS (SELECT avg(lse.lse - z.z) AS loss FROM lse
-                 JOIN z ON z.n = lse.n JOIN y ON y.n = z.n AND y.c = z.c)
-        SELECT layer, i, j, grad((SELECT loss FROM loss), val) AS g FROM w
-        """,
-        ["layer", "i", "j"],
-    )
+        + ") AS t(layer, i, j, val)",
+    ]
+    ctx = dg.SessionContext()
+    for statement in ddl:
+        ctx.sql(statement).collect()
+    sql = """
+    WITH ones AS (SELECT DISTINCT n, 0 AS i, 1.0 AS v FROM x),
+    a0 AS (SELECT n, i, x AS v FROM x UNION ALL SELECT * FROM ones),
+    h1 AS (SELECT a0.n, w.j, tanh(sum(a0.v * w.val)) AS h FROM a0
+           JOIN w ON w.layer = 1 AND w.i = a0.i GROUP BY a0.n, w.j),
+    a1 AS (SELECT n, j + 1 AS i, h AS v FROM h1 UNION ALL SELECT * FROM ones),
+    h2 AS (SELECT a1.n, w.j, tanh(sum(a1.v * w.val)) AS h FROM a1
+           JOIN w ON w.layer = 2 AND w.i = a1.i GROUP BY a1.n, w.j),
+    a2 AS (SELECT n, j + 1 AS i, h AS v FROM h2 UNION ALL SELECT * FROM ones),
+    z AS (SELECT a2.n, w.j AS c, sum(a2.v * w.val) AS z FROM a2
+          JOIN w ON w.layer = 3 AND w.i = a2.i GROUP BY a2.n, w.j),
+    m AS (SELECT n, max(z) AS m FROM z GROUP BY n),
+    lse AS (SELECT z.n, m.m + ln(sum(exp(z.z - m.m))) AS lse
+            FROM z JOIN m ON z.n = m.n GROUP BY z.n, m.m),
+    loss AS (SELECT avg(lse.lse - z.z) AS loss FROM lse
+             JOIN z ON z.n = lse.n JOIN y ON y.n = z.n AND y.c = z.c)
+    SELECT layer, i, j, grad((SELECT loss FROM loss), val) AS g FROM w
+    """
+    got = gradients(ctx, sql, ["layer", "i", "j"])
     assert len(got) == sum(w.size for w in weights.values())
     for (layer, i, j), g in got.items():
         assert g == pytest.approx(float(expected[layer][i, j]), rel=1e-9, abs=1e-12)
+
+    # The backward pass exported as SQL text gives the same gradients in DuckDB.
+    duckdb = pytest.importorskip("duckdb")
+    exported = dg.rewrite_sql(sql, "duckdb", ctx)
+    assert "grad(" not in exported
+    db = duckdb.connect()
+    for statement in ddl:
+        db.execute(statement)
+    cursor = db.execute(exported)
+    names = [c[0] for c in cursor.description]
+    rows = [dict(zip(names, r)) for r in cursor.fetchall()]
+    assert len(rows) == len(got)
+    for r in rows:
+        expected_g = float(expected[r["layer"]][r["i"], r["j"]])
+        assert r["g"] == pytest.approx(expected_g, rel=1e-9, abs=1e-12)
 
 
 def test_matrix_factorization_with_l2_subqueries_matches_jax():

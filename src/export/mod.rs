@@ -17,6 +17,7 @@
 //! faithfully is an [`ErrorKind::Unexportable`](crate::ErrorKind::Unexportable)
 //! error.
 
+mod chain;
 mod dialect;
 pub mod function;
 mod known;

@@ -30,11 +30,12 @@ use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::unparser::dialect::Dialect;
 use datafusion::sql::unparser::Unparser;
 
+use super::chain;
 use super::dialect::Target;
 use super::lower::lower;
 use super::tidy::tidy;
 use super::SqlDialect;
-use crate::error::{fail, ErrorKind, GradError};
+use crate::error::{ErrorKind, GradError};
 use crate::plan::bindings::printable;
 
 /// Prints plans as statements of one dialect.
@@ -49,14 +50,18 @@ impl Printer {
         }
     }
 
-    fn dialect(&self) -> SqlDialect {
+    pub(super) fn dialect(&self) -> SqlDialect {
         self.target.0
     }
 
     /// `plan` (analyzed, without markers) as one statement.
     pub(crate) fn statement(&self, plan: &LogicalPlan) -> Result<String> {
-        refuse_gradient_tables(plan)?;
-        let plan = self.lower_plan(null_equal_joins(plan.clone())?)?;
+        // A plan with a gradient table prints as a chain of CTEs, lowered
+        // operator by operator ([`chain`]).
+        let plan = match chain::has_gradient_table(plan)? {
+            true => plan.clone(),
+            false => self.lower_plan(null_equal_joins(plan.clone())?)?,
+        };
         match &plan {
             LogicalPlan::Dml(dml) => match &dml.op {
                 WriteOp::Insert(InsertOp::Append) => Ok(format!(
@@ -106,6 +111,9 @@ impl Printer {
 
     /// A query, with its recursive CTEs hoisted into one `WITH RECURSIVE`.
     fn query(&self, plan: &LogicalPlan) -> Result<String> {
+        if chain::has_gradient_table(plan)? {
+            return chain::query(self, plan);
+        }
         let mut ctes = Vec::new();
         let plan = self.hoist_recursive(plan.clone(), &mut ctes)?;
         let body = self.unparse(&plan)?;
@@ -380,7 +388,7 @@ impl Printer {
         names.join(", ")
     }
 
-    fn table(&self, table: &TableReference) -> String {
+    pub(super) fn table(&self, table: &TableReference) -> String {
         let parts: Vec<String> = table.to_vec().iter().map(|p| self.ident(p)).collect();
         parts.join(".")
     }
@@ -611,22 +619,4 @@ fn null_equal_joins(plan: LogicalPlan) -> Result<LogicalPlan> {
         node => Ok(Transformed::no(node)),
     })
     .map(|t| t.data)
-}
-
-/// Refuses a plan that joins a gradient table (relational reverse mode):
-/// its backward pass is not printed as SQL text yet.
-fn refuse_gradient_tables(plan: &LogicalPlan) -> Result<()> {
-    let joined = plan.exists(|node| {
-        Ok(matches!(node, LogicalPlan::SubqueryAlias(s)
-            if crate::reserved::is_gradient_table_qualifier(&s.alias)))
-    })?;
-    match joined {
-        true => fail(
-            ErrorKind::Unexportable,
-            "the statement differentiates with respect to a table's rows (a loss query that \
-             reads the variable's own rows: relational reverse mode), whose backward pass is \
-             not exported as SQL text yet; run it in datafusion-grad",
-        ),
-        false => Ok(()),
-    }
 }

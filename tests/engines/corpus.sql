@@ -582,16 +582,62 @@ SELECT id, 2.0 * x AS d, y FROM tn
 ORDER BY id;
 
 ------------------------------------------------------------------------------
--- Relational reverse mode: not exported as SQL text yet (refused)
+-- Relational reverse mode: the backward pass printed as a chain of CTEs
+-- (SQLite has no way to fail with a message, which the duplicate-rows
+-- check needs: refused there)
 ------------------------------------------------------------------------------
 
--- name: relational_refused
--- refuse: datafusion, duckdb, postgres, sqlite
+-- name: relational_scalar_form
+-- refuse: sqlite
 WITH s AS (SELECT sum(g.x * t.x * t.x) AS loss FROM g JOIN t ON t.id = g.id % 5 + 1)
 SELECT id, grad((SELECT loss FROM s), t.x) AS dx FROM t ORDER BY id;
 
--- name: relational_from_form_refused
--- refuse: datafusion, duckdb, postgres, sqlite
+-- name: relational_from_form
+-- refuse: sqlite
 WITH tt AS (SELECT * FROM t),
      s AS (SELECT sum(pts.y * tt.y * tt.y) AS loss FROM pts CROSS JOIN tt WHERE tt.id <= 3)
 SELECT id, x, y AS dy FROM grad(s, tt.y) ORDER BY id;
+
+-- name: relational_hidden_layer_with_null_targets
+-- refuse: sqlite
+WITH w(j, a, b) AS (VALUES (1, 0.5, 0.1), (2, -0.3, 0.2), (3, 0.8, -0.4)),
+     h AS (SELECT g.id, sum(tanh(g.x * w.a + w.b)) AS hid FROM g CROSS JOIN w GROUP BY g.id),
+     s AS (SELECT avg((h.hid - g.y) * (h.hid - g.y)) AS loss FROM h JOIN g ON g.id = h.id)
+SELECT j, grad((SELECT loss FROM s), w.a) AS da, grad((SELECT loss FROM s), w.b) AS db
+FROM w ORDER BY j;
+
+-- name: relational_max_per_group_case_where_unread_rows
+-- refuse: sqlite
+WITH p(k, v) AS (VALUES (0, 0.5), (1, 1.5), (2, -0.25), (3, 2.0)),
+     z AS (SELECT g.id % 3 AS grp, max(CASE WHEN p.v > 0 THEN g.x * p.v ELSE g.y * p.v END) AS m
+           FROM g JOIN p ON p.k = g.id % 3 WHERE g.w > 0.6 GROUP BY g.id % 3),
+     s AS (SELECT sum(m * m) AS loss FROM z)
+SELECT k, grad((SELECT loss FROM s), p.v) AS dv FROM p ORDER BY k;
+
+-- name: relational_softmax_with_l2_subquery
+-- refuse: sqlite
+WITH p(c, v) AS (VALUES (1, 0.2), (2, -0.4), (3, 0.9)),
+     z AS (SELECT t.id, p.c, t.x * p.v + t.y AS logit FROM t CROSS JOIN p),
+     m AS (SELECT id, max(logit) AS mx FROM z GROUP BY id),
+     lse AS (SELECT z.id, ln(sum(exp(z.logit - m.mx))) + max(m.mx) AS l FROM z JOIN m ON m.id = z.id GROUP BY z.id),
+     s AS (SELECT sum(lse.l - z.logit) + 0.01 * (SELECT sum(v * v) FROM p) AS loss
+           FROM lse JOIN z ON z.id = lse.id WHERE z.c = z.id % 3 + 1)
+SELECT c, grad((SELECT loss FROM s), p.v) AS dv FROM p ORDER BY c;
+
+-- name: relational_union_all_and_in_subquery
+-- refuse: sqlite
+WITH p(k, v) AS (VALUES (1, 0.3), (2, -1.1), (3, 0.7)),
+     u AS (SELECT t.id, t.x * p.v AS e FROM t JOIN p ON p.k = t.id
+           UNION ALL
+           SELECT g.id, g.y * p.v * p.v AS e FROM g JOIN p ON p.k = g.id % 3 + 1
+           WHERE g.id IN (SELECT id FROM t WHERE x > 0.5)),
+     s AS (SELECT sum(e * e) AS loss FROM u)
+SELECT k, grad((SELECT loss FROM s), p.v) AS dv FROM p ORDER BY k;
+
+-- name: relational_training_step_as_table
+-- refuse: sqlite
+CREATE TABLE w AS SELECT id, x AS val FROM t;
+CREATE TABLE w2 AS
+WITH s AS (SELECT avg((pts.x * w.val - pts.y) * (pts.x * w.val - pts.y)) AS loss FROM pts JOIN w ON w.id = pts.x + 1)
+SELECT id, val - 0.1 * grad((SELECT loss FROM s), val) AS val FROM w;
+SELECT id, val FROM w2 ORDER BY id;

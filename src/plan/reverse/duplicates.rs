@@ -1,13 +1,21 @@
 //! The check that a parameter relation's rows are told apart by their
 //! identity columns: a gradient table row that stands for several
 //! parameter rows fails when it is computed.
+//!
+//! In-process it is a UDF with a typed error; for engines that do not have
+//! the UDF (exported SQL text, Ballista's executors) [`plain_checks`]
+//! writes it as a cast of its message to a number, which fails there with
+//! the message in the rows it is evaluated for.
 
 use datafusion::arrow::array::{new_null_array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
+use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
-    ColumnarValue, ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
+    self as logical, lit, BinaryExpr, ColumnarValue, Expr, LogicalPlan, Operator,
+    ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
 };
 
 use crate::error::{fail, ErrorKind};
@@ -17,7 +25,7 @@ use crate::reserved::DUPLICATE_ROWS;
 /// where some `n` (the parameter rows a gradient table row stands for) is
 /// above 1; NULL elsewhere.
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub(super) struct DuplicateRows {
+pub(crate) struct DuplicateRows {
     relation: String,
     identity: Vec<String>,
     signature: Signature,
@@ -32,6 +40,21 @@ impl DuplicateRows {
             identity: identity.to_vec(),
             signature: Signature::any(1, Volatility::Volatile),
         }
+    }
+
+    /// The error's message: which relation, and which columns failed to
+    /// tell its rows apart.
+    pub(crate) fn message(&self) -> String {
+        let identity = match self.identity.is_empty() {
+            true => "it has no other column".to_string(),
+            false => format!("(`{}`)", self.identity.join("`, `")),
+        };
+        format!(
+            "the variable's relation `{}` has several rows with the same other columns \
+             {identity}, so a derivative with respect to one row's value cannot be told \
+             from another's; give the relation a column that identifies its rows (a key)",
+            self.relation
+        )
     }
 }
 
@@ -61,18 +84,30 @@ impl ScalarUDFImpl for DuplicateRows {
                 args.number_rows,
             )));
         }
-        let identity = match self.identity.is_empty() {
-            true => "it has no other column".to_string(),
-            false => format!("(`{}`)", self.identity.join("`, `")),
-        };
-        fail(
-            ErrorKind::InvalidWrt,
-            format!(
-                "the variable's relation `{}` has several rows with the same other columns \
-                 {identity}, so a derivative with respect to one row's value cannot be told \
-                 from another's; give the relation a column that identifies its rows (a key)",
-                self.relation
-            ),
-        )
+        fail(ErrorKind::InvalidWrt, self.message())
     }
+}
+
+/// `plan` (with its subqueries) with every duplicate-rows check written as
+/// plain SQL: `CAST('<message>; parameter rows: ' || CAST(n AS VARCHAR) AS
+/// DOUBLE)` where its `CASE` picks it, for an engine without the UDF.
+pub(crate) fn plain_checks(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|node| node.map_expressions(|e| e.transform_up(plain_check)))
+        .map(|t| t.data)
+}
+
+/// `e` written as plain SQL if it is a duplicate-rows check.
+pub(crate) fn plain_check(e: Expr) -> Result<Transformed<Expr>> {
+    let Expr::ScalarFunction(ScalarFunction { func, args }) = &e else {
+        return Ok(Transformed::no(e));
+    };
+    let Some(check) = func.inner().downcast_ref::<DuplicateRows>() else {
+        return Ok(Transformed::no(e));
+    };
+    let text = Expr::BinaryExpr(BinaryExpr::new(
+        Box::new(lit(format!("{}; parameter rows: ", check.message()))),
+        Operator::StringConcat,
+        Box::new(logical::cast(args[0].clone(), DataType::Utf8)),
+    ));
+    Ok(Transformed::yes(logical::cast(text, DataType::Float64)))
 }

@@ -42,6 +42,8 @@ use datafusion::error::Result;
 use datafusion::logical_expr::{lit, when, Expr, LogicalPlan, LogicalPlanBuilder, ScalarUDF};
 
 use backward::{aggregate, columns, rename, sum, Backward, Seed};
+pub(crate) use duplicates::plain_check;
+pub(crate) use duplicates::plain_checks;
 use duplicates::DuplicateRows;
 
 use crate::error::{fail, ErrorKind};
