@@ -24,6 +24,7 @@
 //! | `__dfgrad_seed`, `__dfgrad_stats` | qualifiers of a group's adjoints and of its statistics while they are joined |
 //! | `__dfgrad_gradient`, `__dfgrad_table{k}` | a gradient table's derivative column, and the table's qualifier where it is joined |
 //! | `__dfgrad_duplicate_rows` | the check that a parameter relation's rows are told apart |
+//! | `__dfgrad_tangent{j}_{c}` | the tangent of a recursive CTE's column `c` with respect to variable `j`, carried through its iterations ([`crate::plan::analyzer`]) |
 //! | `__dfgrad_r{k}`, `c{i}` | an operator's CTE in exported SQL printed as a chain, and its column `i` (read only qualified, by the chain's own aliases `q`, `l`, `r`) |
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -145,6 +146,13 @@ pub(crate) fn is_gradient_table_qualifier(q: &TableReference) -> bool {
     q.table()
         .strip_prefix("__dfgrad_table")
         .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The tangent column of a recursive CTE's column `c` with respect to the
+/// `j`-th variable differentiated through its iterations
+/// (`__dfgrad_tangent{j}_{c}`).
+pub(crate) fn tangent_column(j: usize, c: usize) -> String {
+    format!("__dfgrad_tangent{j}_{c}")
 }
 
 /// The name of the `k`-th CTE of a query exported as a chain of operators

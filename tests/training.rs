@@ -520,3 +520,82 @@ fn mlp_learns_held_out_samples() {
     );
     assert!(last[1] < 0.05, "training loss after 100 steps: {}", last[1]);
 }
+
+/// examples/fit_simulation.sql: Gauss–Newton on a simulation written as a
+/// recursive query, its sensitivities taken through the recursion, gives
+/// the same parameters as the same six steps computed here, with the
+/// sensitivities propagated by hand (dx'/da = x(1−x)·dt + (1 + dt·a(1−2x))·dx/da).
+#[test]
+fn fit_simulation_through_its_recursion_matches_gauss_newton() {
+    let out = dfgrad_ok(&[
+        "--format",
+        "csv",
+        "-q",
+        "-f",
+        &example("fit_simulation.sql"),
+    ]);
+    let table = Table::only(&out);
+    let fitted = table.last_values(&["a", "x0", "rmse"]);
+
+    let dt = 0.1;
+    let observed: Vec<(usize, f64)> = {
+        let mut x = 0.05f64;
+        let mut all = Vec::new();
+        for step in 0..=60usize {
+            if step % 5 == 0 {
+                all.push((step, x + 0.004 * (step as f64 * 12.9898).sin()));
+            }
+            x += dt * 1.8 * x * (1.0 - x);
+        }
+        all
+    };
+    // x, dx/da, dx/dx0 at every step
+    let simulate = |a: f64, x0: f64| {
+        let (mut x, mut ja, mut jx) = (x0, 0.0f64, 1.0f64);
+        let mut states = Vec::new();
+        for _ in 0..=60 {
+            states.push((x, ja, jx));
+            let growth = 1.0 + dt * a * (1.0 - 2.0 * x);
+            ja = dt * x * (1.0 - x) + growth * ja;
+            jx *= growth;
+            x += dt * a * x * (1.0 - x);
+        }
+        states
+    };
+    let (mut a, mut x0) = (1.0f64, 0.2f64);
+    for _ in 0..6 {
+        let states = simulate(a, x0);
+        let (mut saa, mut sax, mut sxx, mut sar, mut sxr) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for &(step, obs) in &observed {
+            let (x, ja, jx) = states[step];
+            let r = x - obs;
+            saa += ja * ja;
+            sax += ja * jx;
+            sxx += jx * jx;
+            sar += ja * r;
+            sxr += jx * r;
+        }
+        let det = saa * sxx - sax * sax;
+        (a, x0) = (
+            a - (sxx * sar - sax * sxr) / det,
+            x0 - (saa * sxr - sax * sar) / det,
+        );
+    }
+    let states = simulate(a, x0);
+    let mse = observed
+        .iter()
+        .map(|&(step, obs)| (states[step].0 - obs).powi(2))
+        .sum::<f64>()
+        / observed.len() as f64;
+    for (got, want) in fitted.iter().zip([a, x0, mse.sqrt()]) {
+        assert!(
+            (got - want).abs() <= 1e-9 * want.abs().max(1e-3),
+            "SQL {fitted:?}, Rust ({a}, {x0}, {})",
+            mse.sqrt()
+        );
+    }
+    assert!(
+        (a - 1.8).abs() < 0.05 && (x0 - 0.05).abs() < 0.01,
+        "{a} {x0}"
+    );
+}

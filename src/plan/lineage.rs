@@ -13,7 +13,9 @@
 //! (never silently 0) where it reads a value the variable flows into
 //! without the variable being visible as a column there:
 //! - a column of a recursive CTE computed from the variable through the
-//!   iterations (derivatives through recursion do not exist yet); a column
+//!   iterations, where the analyzer's forward mode does not follow it
+//!   (`crate::plan::analyzer`: a variable the recursive term carries
+//!   unchanged, the CTE's columns visible at the marker); a column
 //!   the variable is itself, or one it does not flow into, keeps the
 //!   partial meaning;
 //! - a scalar subquery, aggregate, window or recursive CTE that reads the
@@ -434,7 +436,7 @@ impl<'p> Inliner<'_, 'p> {
 
     /// Refuses a column of a recursive CTE (origin `origin`, shown as
     /// `here`) whose value a variable flows into through the CTE's
-    /// iterations (derivatives through recursion do not exist yet), or that
+    /// iterations where forward mode did not follow it, or that
     /// the CTE computes from the rows a variable comes from.
     fn check_recursive(&self, origin: &Origin<'p>, here: &Column) -> Result<()> {
         let Origin::Base { plan, id } = origin else {
@@ -861,7 +863,7 @@ fn follow<'p>(e: &'p Expr, input: &'p LogicalPlan, todo: &mut Next<'p>) -> Resul
 /// computed from: `v` copies a column unchanged (a learning rate carried
 /// along is the same value in every row) that flows into `c`, or the static
 /// term computes `v`'s and `c`'s first values from the same values.
-fn through_iterations(r: &RecursiveQuery, c: usize, v: usize) -> Result<bool> {
+pub(crate) fn through_iterations(r: &RecursiveQuery, c: usize, v: usize) -> Result<bool> {
     let n = r.schema.fields().len();
     let mut reads = Vec::with_capacity(n);
     let mut copies = Vec::with_capacity(n);
@@ -923,7 +925,7 @@ fn work_table_reads(r: &RecursiveQuery, i: usize) -> Result<BTreeSet<usize>> {
 
 /// The work table column that column `i` of the recursive term of `r`
 /// copies unchanged (through casts), if it does.
-fn copy_of(r: &RecursiveQuery, i: usize) -> Result<Option<usize>> {
+pub(crate) fn copy_of(r: &RecursiveQuery, i: usize) -> Result<Option<usize>> {
     let (mut plan, mut idx) = (r.recursive_term.as_ref(), i);
     loop {
         let column = match trace(plan, idx)? {
@@ -952,10 +954,12 @@ fn through_recursion<T>(here: &dyn Display, var: &dyn Display, name: &str) -> Re
         ErrorKind::NeedsPlanContext,
         format!(
             "`{here}` is computed from the variable `{var}` through the iterations of the \
-             recursive CTE `{name}`; derivatives through recursion are not supported yet: \
+             recursive CTE `{name}`, which the derivative cannot follow here: derivatives \
+             through recursion follow a variable that the recursive term carries unchanged \
+             (a hyperparameter or an initial state), where the CTE's columns that it flows \
+             into are visible (select them rather than a derived column of them); or \
              differentiate inside the recursive term, where the variable is a column of the \
-             current iteration's row (e.g. carry the derivative as a column of `{name}`, \
-             updated by the chain rule with grad(…) in the recursive term)"
+             current iteration's row"
         ),
     )
 }

@@ -54,7 +54,12 @@ use crate::tensor::Shape;
 pub fn through_aggregates(node: LogicalPlan) -> Result<LogicalPlan> {
     let inputs: Vec<LogicalPlan> = node.inputs().into_iter().cloned().collect();
     let scope = Scope::new(inputs.iter().collect())?;
-    let mut added = Added::default();
+    // Numbered past the columns an earlier rewrite added below (a derivative
+    // of a derivative through aggregates: a tangent of a recursive CTE).
+    let mut added = Added {
+        count: first_free_number(&inputs)?,
+        ..Added::default()
+    };
     let names = NamePreserver::new(&node);
     let mut changed = false;
     let mut exprs = Vec::new();
@@ -115,6 +120,26 @@ fn named(list: &mut Vec<(String, Expr)>, count: &mut usize, family: Placeholder,
         }
     };
     Expr::Column(Column::new_unqualified(name))
+}
+
+/// The first item number above every added aggregate or window column in
+/// the schemas of `plans` and the nodes below them.
+fn first_free_number(plans: &[LogicalPlan]) -> Result<usize> {
+    let mut next = 0;
+    for plan in plans {
+        plan.apply(|node| {
+            for field in node.schema().fields() {
+                let column = Column::new_unqualified(field.name());
+                for family in [Placeholder::AddedAggregate, Placeholder::AddedWindow] {
+                    if let Some(k) = family.index(&column) {
+                        next = next.max(k + 1);
+                    }
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+    }
+    Ok(next)
 }
 
 fn address(plan: &LogicalPlan) -> usize {

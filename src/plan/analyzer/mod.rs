@@ -17,8 +17,12 @@
 //!   parameter (see [`super::free_variables`]); a result DataFusion 55 cannot execute is refused
 //!   with a typed error, never treated as an independent column (which
 //!   would silently give 0);
+//! - through a recursive CTE's iterations: a variable the recursive term
+//!   carries unchanged (a hyperparameter, an initial state) is followed in
+//!   forward mode, by tangent columns added to the CTE (child module
+//!   `recursion`);
 //! - `f` reading a value that the variable flows into where the rewrite
-//!   cannot follow (through a recursive CTE's iterations, or another scan of
+//!   cannot follow (through a recursive CTE's iterations otherwise, or another scan of
 //!   the variable's rows in a subquery, aggregate or window) is refused with
 //!   a typed error (see [`super::lineage`]);
 //! - the markers of one plan node are differentiated together in one DAG
@@ -44,10 +48,12 @@ use datafusion::optimizer::optimize_projections::OptimizeProjections;
 use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, OptimizerRule};
 
 mod aggregates;
+mod recursion;
 mod subqueries;
 mod tables;
 
 use aggregates::through_aggregates;
+use recursion::through_recursion;
 use subqueries::through_subqueries;
 use tables::through_tables;
 
@@ -194,6 +200,7 @@ fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
     }
+    let node = through_recursion(node)?;
     let node = through_tables(node)?;
     refuse_rereads(&node)?;
     let (node, subqueries) = through_subqueries(node)?;

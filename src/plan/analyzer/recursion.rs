@@ -1,0 +1,637 @@
+//! Derivatives *through* `WITH RECURSIVE`, in forward mode: tangent columns
+//! carried through the iterations.
+//!
+//! A row of a recursive CTE derives from a row of the previous iteration,
+//! back to the static term. For a marker whose variable `v` is a column the
+//! recursive term carries unchanged (a hyperparameter, a copy of the
+//! initial state) and whose `f` reads columns that `v` flows into through
+//! the iterations, the derivative is the total one. The CTE gets one
+//! tangent column `__dfgrad_tangent{j}_{c}` = d c / d vⱼ per float column
+//! `c` and variable `vⱼ`:
+//!
+//! - static term: `d c / d v` of the first row, as the analyzer takes it
+//!   over the term's output: 1 for `v` itself, and for another column the
+//!   derivative of its definition where it is computed from `v`'s
+//!   (`SELECT x0 AS x, x0 …`: 1), 0 where it is not;
+//! - recursive term: the tangent of each update `u_c` is
+//!   `jvp(u_c, w₁, t₁, …)` over the previous row's float columns `wᵢ` and
+//!   their tangents `tᵢ` (through aggregates over the data too, which the
+//!   analyzer differentiates as any marker);
+//! - the marker: `grad(f, v)` becomes `jvp(f, c₁, t₁, …)` over the CTE's
+//!   columns visible at it and their tangents; `jvp(f, v₁, s₁, …)` sums
+//!   `sᵢ·tᵢ`; `vjp(f, v, u)` is `u` times the total.
+//!
+//! Conditions (the `WHERE step < n` stop, `CASE`) are piecewise constant,
+//! as JAX treats a `while_loop`'s trip count under `jvp`. Refused, typed:
+//! several work-table scans in the recursive term, `UNION` (distinct: the
+//! tangents would change which rows are duplicates), a marker mixing such
+//! variables with others, and the CTE's columns reaching the marker through an aggregate,
+//! window or set operation (put the marker inside the aggregate:
+//! `avg(grad(loss, lr))`, or group by the variable).
+
+use std::sync::Arc;
+
+use datafusion::catalog::default_table_source::provider_as_source;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::Column;
+use datafusion::datasource::cte_worktable::CteWorkTable;
+use datafusion::error::Result;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::{
+    lit, Aggregate, Expr, Filter, Join, JoinType, Limit, LogicalPlan, Projection, RecursiveQuery,
+    ScalarUDF, Sort, SubqueryAlias, TableScanBuilder,
+};
+use datafusion::optimizer::AnalyzerRule;
+
+use super::GradAnalyzer;
+use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
+use crate::error::{fail, ErrorKind};
+use crate::plan::lineage::{copy_of, origin_of, parts, through_iterations, Part};
+use crate::plan::unalias;
+use crate::reserved::tangent_column;
+
+/// `node` with each marker whose variables are carried columns of a
+/// recursive CTE that `f` reads through the iterations rewritten in
+/// forward mode (see the [module docs](self)); unchanged otherwise.
+pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
+    let [input] = node.inputs()[..] else {
+        return Ok(node);
+    };
+    let input = input.clone();
+    let Some(found) = find(&node, &input)? else {
+        return Ok(node);
+    };
+    let LogicalPlan::RecursiveQuery(r) = found.cte else {
+        unreachable!("found a recursive CTE")
+    };
+    let tangents = Tangents::new(r, &found.variables, &found.rules)?;
+    let cte = tangents.cte()?;
+    let input =
+        carry(&input, found.cte, &cte, tangents.names())?.expect("the CTE is below the marker");
+    // The CTE's float columns visible at the marker, and their tangents.
+    let mut visible = Vec::new();
+    for i in 0..input.schema().fields().len() {
+        let (origin, at) = origin_of(&input, i)?;
+        if (std::ptr::eq(origin, &cte) || *origin == cte) && tangents.floats.contains(&at) {
+            visible.push((Column::from(input.schema().qualified_field(i)), at));
+        }
+    }
+    let tangent = |j: usize, c: usize| -> Result<Expr> {
+        Ok(Expr::Column(column_named(&input, &tangent_column(j, c))?))
+    };
+    let names = NamePreserver::new(&node);
+    let mut exprs = Vec::new();
+    for e in node.expressions() {
+        let saved = names.save(&e);
+        let e = e
+            .transform_up(|e| {
+                let Some(call) = as_marker(&e) else {
+                    return Ok(Transformed::no(e));
+                };
+                let Some(vars) = found.of(&call.wrt_columns()) else {
+                    return Ok(Transformed::no(e));
+                };
+                let kind = call.kind();
+                let f = call.args[0].clone();
+                // The seed of each variable: 1, a tangent, or a cotangent.
+                let seeds: Vec<(usize, Expr)> = match kind {
+                    MarkerKind::Grad if vars.len() == 1 => vec![(vars[0], lit(1.0))],
+                    MarkerKind::Jvp => vars
+                        .iter()
+                        .zip(call.args[2..].iter().step_by(2))
+                        .map(|(v, t)| (*v, t.clone()))
+                        .collect(),
+                    MarkerKind::Vjp if vars.len() == 1 => vec![(vars[0], call.args[2].clone())],
+                    _ => {
+                        return fail(
+                            ErrorKind::NeedsPlanContext,
+                            format!(
+                                "{}: several variables carried through the recursive CTE \
+                                 `{}` in one call; take one derivative per variable (e.g. \
+                                 grad(f, a), grad(f, x0))",
+                                kind.name(),
+                                r.name
+                            ),
+                        )
+                    }
+                };
+                let mut args = vec![f];
+                for (column, c) in &visible {
+                    let mut total: Option<Expr> = None;
+                    for (j, seed) in &seeds {
+                        let term = seed.clone() * tangent(*j, *c)?;
+                        total = Some(match total {
+                            Some(t) => t + term,
+                            None => term,
+                        });
+                    }
+                    args.push(Expr::Column(column.clone()));
+                    args.push(total.expect("a variable"));
+                }
+                let jvp = ScalarUDF::new_from_impl(Marker::new(
+                    MarkerKind::Jvp,
+                    Arc::clone(&found.rules),
+                ));
+                Ok(Transformed::yes(jvp.call(args)))
+            })?
+            .data;
+        exprs.push(saved.restore(e));
+    }
+    node.with_new_exprs(exprs, vec![input])
+}
+
+/// The recursive CTE a node's markers differentiate through, and the
+/// variables (its column indexes) they do it for.
+struct Found<'p> {
+    cte: &'p LogicalPlan,
+    /// The CTE's columns the markers' variables are, one tangent set each.
+    variables: Vec<usize>,
+    /// The marker's column of each variable.
+    columns: Vec<Column>,
+    rules: SharedRules,
+}
+
+impl Found<'_> {
+    /// The tangent sets of a marker's variables `wrt` if they all are
+    /// variables through the CTE; `None` if none is.
+    fn of(&self, wrt: &[Column]) -> Option<Vec<usize>> {
+        let sets: Vec<usize> = wrt
+            .iter()
+            .filter_map(|c| self.columns.iter().position(|v| v == c))
+            .collect();
+        (!sets.is_empty()).then_some(sets)
+    }
+}
+
+/// The first recursive CTE below `node` that one of its markers
+/// differentiates through, with every variable of `node`'s markers that
+/// goes through it.
+fn find<'p>(node: &LogicalPlan, input: &'p LogicalPlan) -> Result<Option<Found<'p>>> {
+    let mut found: Option<Found<'p>> = None;
+    for e in node.expressions() {
+        let mut calls = Vec::new();
+        e.apply(|e| {
+            if let Some(call) = as_marker(e) {
+                calls.push((
+                    call.args[0].clone(),
+                    call.wrt_columns(),
+                    call.marker.rules().clone(),
+                ));
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        for (f, wrt, rules) in calls {
+            let mut through = Vec::new();
+            let mut here: Option<&'p LogicalPlan> = None;
+            for c in &wrt {
+                let Ok(idx) = input.schema().index_of_column(c) else {
+                    continue;
+                };
+                let (cte, v) = origin_of(input, idx)?;
+                let LogicalPlan::RecursiveQuery(r) = cte else {
+                    continue;
+                };
+                // Through an aggregate, the analyzer moves the marker into
+                // it first (`avg(grad(loss, lr))`), where it comes back here.
+                if copy_of(r, v)? != Some(v)
+                    || aggregated_above(input, cte)?
+                    || !reads_through(&f, input, cte, r, v)?
+                {
+                    continue;
+                }
+                let other = found.as_ref().map(|f| f.cte).or(here);
+                if other.is_some_and(|o| !std::ptr::eq(o, cte)) {
+                    return fail(
+                        ErrorKind::NeedsPlanContext,
+                        "derivatives through two recursive CTEs in one plan node are not \
+                         supported; take them in separate queries",
+                    );
+                }
+                here = Some(cte);
+                through.push((c.clone(), v));
+            }
+            let Some(cte) = here else {
+                continue;
+            };
+            if through.len() != wrt.len() {
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    "a derivative with respect to columns carried through a recursive CTE \
+                     and other variables in one call; take them in separate calls",
+                );
+            }
+            let found = found.get_or_insert_with(|| Found {
+                cte,
+                variables: Vec::new(),
+                columns: Vec::new(),
+                rules,
+            });
+            for (c, v) in through {
+                if !found.columns.contains(&c) {
+                    found.columns.push(c);
+                    found.variables.push(v);
+                }
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Whether an aggregate or window of `plan` reads the node `cte`.
+fn aggregated_above(plan: &LogicalPlan, cte: &LogicalPlan) -> Result<bool> {
+    plan.exists(|node| {
+        Ok(
+            matches!(node, LogicalPlan::Aggregate(_) | LogicalPlan::Window(_))
+                && node.exists(|n| Ok(std::ptr::eq(n, cte)))?,
+        )
+    })
+}
+
+/// Whether `f` (over `input`) reads a column of the recursive CTE `cte`
+/// other than `v` that `v` flows into through the iterations.
+fn reads_through(
+    f: &Expr,
+    input: &LogicalPlan,
+    cte: &LogicalPlan,
+    r: &RecursiveQuery,
+    v: usize,
+) -> Result<bool> {
+    for c in f.column_refs() {
+        let Ok(idx) = input.schema().index_of_column(c) else {
+            continue;
+        };
+        for part in parts(input, idx)? {
+            if let Part::Node(node, at) = part {
+                if at != v
+                    && (std::ptr::eq(node, cte) || node == cte)
+                    && through_iterations(r, at, v)?
+                {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    Ok(false)
+}
+
+/// A recursive CTE with tangent columns for some of its columns.
+struct Tangents<'r> {
+    r: &'r RecursiveQuery,
+    variables: Vec<usize>,
+    /// Its float columns (each gets a tangent per variable).
+    floats: Vec<usize>,
+    rules: SharedRules,
+}
+
+impl<'r> Tangents<'r> {
+    fn new(r: &'r RecursiveQuery, variables: &[usize], rules: &SharedRules) -> Result<Self> {
+        if r.is_distinct {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "derivatives through the recursive CTE `{}`, a UNION (distinct): its \
+                     tangents would change which rows are duplicates; write UNION ALL",
+                    r.name
+                ),
+            );
+        }
+        let schema = r.static_term.schema();
+        let floats = (0..schema.fields().len())
+            .filter(|&i| schema.field(i).data_type().is_floating())
+            .collect();
+        // Forward mode carries one float tangent per column: a tensor (or
+        // other compound) column that a variable flows into would be taken
+        // as constant, silently.
+        for (i, field) in schema.fields().iter().enumerate() {
+            let t = field.data_type();
+            if !(t.is_nested() || t.is_decimal()) {
+                continue;
+            }
+            for &v in variables {
+                if v == i || through_iterations(r, i, v)? {
+                    return fail(
+                        ErrorKind::NeedsPlanContext,
+                        format!(
+                            "derivatives through the recursive CTE `{}`: its column `{}` \
+                             ({t}) is computed from the variable `{}` through the \
+                             iterations; forward mode carries float columns only (reverse \
+                             mode over tensor states is not built yet)",
+                            r.name,
+                            field.name(),
+                            schema.field(v).name()
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(Self {
+            r,
+            variables: variables.to_vec(),
+            floats,
+            rules: Arc::clone(rules),
+        })
+    }
+
+    /// The names of the tangent columns, in order: variable-major.
+    fn names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        for j in 0..self.variables.len() {
+            for &c in &self.floats {
+                names.push(tangent_column(j, c));
+            }
+        }
+        names
+    }
+
+    /// The CTE with its tangent columns, both terms analyzed.
+    fn cte(&self) -> Result<LogicalPlan> {
+        let static_term = analyzed(self.static_term()?)?;
+        let recursive_term = analyzed(self.recursive_term(&static_term)?)?;
+        Ok(LogicalPlan::RecursiveQuery(RecursiveQuery::try_new(
+            self.r.name.clone(),
+            Arc::new(static_term),
+            Arc::new(recursive_term),
+            false,
+        )?))
+    }
+
+    fn marker(&self, kind: MarkerKind, args: Vec<Expr>) -> Expr {
+        ScalarUDF::new_from_impl(Marker::new(kind, Arc::clone(&self.rules))).call(args)
+    }
+
+    /// The static term with the first row's tangents: `d c / d v` of its
+    /// columns, as the analyzer takes it over the term's output (a column
+    /// defined from `v`'s definition follows it; `v` itself, however it
+    /// is defined, is the variable: its definition is held fixed).
+    fn static_term(&self) -> Result<LogicalPlan> {
+        let term = self.r.static_term.as_ref();
+        let columns = term.schema().columns();
+        let mut exprs: Vec<Expr> = columns.iter().cloned().map(Expr::Column).collect();
+        let names = self.names();
+        let mut names = names.iter();
+        for &v in &self.variables {
+            for &c in &self.floats {
+                let tangent = match c == v {
+                    true => lit(1.0),
+                    false => self.marker(
+                        MarkerKind::Grad,
+                        vec![
+                            Expr::Column(columns[c].clone()),
+                            Expr::Column(columns[v].clone()),
+                        ],
+                    ),
+                };
+                exprs.push(tangent.alias(names.next().expect("a name per tangent")));
+            }
+        }
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            exprs,
+            Arc::new(term.clone()),
+        )?))
+    }
+
+    /// The recursive term with each tangent's update, reading the work
+    /// table of `static_term`'s schema.
+    fn recursive_term(&self, static_term: &LogicalPlan) -> Result<LogicalPlan> {
+        let LogicalPlan::Projection(p) = self.r.recursive_term.as_ref() else {
+            return self.refuse("its recursive term is not a SELECT list");
+        };
+        let mut scans = Vec::new();
+        p.input.apply(|node| {
+            if let LogicalPlan::TableScan(s) = node {
+                if s.table_name.table() == self.r.name {
+                    scans.push(node);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        let [scan] = scans[..] else {
+            return self.refuse("its recursive term reads the work table more than once");
+        };
+        let LogicalPlan::TableScan(old) = scan else {
+            unreachable!("a table scan")
+        };
+        if old.projection.is_some() || !old.filters.is_empty() {
+            return self.refuse("its work table scan is projected or filtered");
+        }
+        let schema = Arc::new(static_term.schema().as_arrow().clone());
+        let source = provider_as_source(Arc::new(CteWorkTable::new(&self.r.name, schema)));
+        let new_scan =
+            LogicalPlan::TableScan(TableScanBuilder::new(old.table_name.clone(), source).build()?);
+        let names = self.names();
+        let input =
+            carry(&p.input, scan, &new_scan, names.clone())?.expect("the work table is read");
+        // The previous row's float columns visible at the update, by index.
+        let mut previous = Vec::new();
+        for i in 0..input.schema().fields().len() {
+            let (origin, at) = origin_of(&input, i)?;
+            if let LogicalPlan::TableScan(s) = origin {
+                if s.table_name.table() == self.r.name && self.floats.contains(&at) {
+                    previous.push((Column::from(input.schema().qualified_field(i)), at));
+                }
+            }
+        }
+        let mut exprs = p.expr.clone();
+        let mut names = names.iter();
+        for j in 0..self.variables.len() {
+            for &c in &self.floats {
+                let mut args = vec![unalias(&p.expr[c]).clone()];
+                for (column, at) in &previous {
+                    args.push(Expr::Column(column.clone()));
+                    args.push(Expr::Column(column_named(&input, &tangent_column(j, *at))?));
+                }
+                let update = match args.len() {
+                    1 => lit(0.0),
+                    _ => self.marker(MarkerKind::Jvp, args),
+                };
+                exprs.push(update.alias(names.next().expect("a name per tangent")));
+            }
+        }
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            exprs,
+            Arc::new(input),
+        )?))
+    }
+
+    fn refuse<T>(&self, why: &str) -> Result<T> {
+        fail(
+            ErrorKind::NeedsPlanContext,
+            format!(
+                "derivatives through the recursive CTE `{}` are not supported: {why}",
+                self.r.name
+            ),
+        )
+    }
+}
+
+/// `plan` analyzed by the markers' analyzer rule (the tangents' markers).
+fn analyzed(plan: LogicalPlan) -> Result<LogicalPlan> {
+    GradAnalyzer.analyze(plan, &Default::default())
+}
+
+/// The column of `plan`'s output named `name` (a tangent: unique).
+fn column_named(plan: &LogicalPlan, name: &str) -> Result<Column> {
+    let schema = plan.schema();
+    match schema.fields().iter().position(|f| f.name() == name) {
+        Some(i) => Ok(Column::from(schema.qualified_field(i))),
+        None => fail(
+            ErrorKind::NeedsPlanContext,
+            format!("the tangent `{name}` does not reach the derivative"),
+        ),
+    }
+}
+
+/// `plan` with the node `target` replaced by `replacement` (the same
+/// columns, then the tangent columns `names`), the tangents passed up to
+/// `plan`'s output; `None` if `target` is not below `plan`.
+fn carry(
+    plan: &LogicalPlan,
+    target: &LogicalPlan,
+    replacement: &LogicalPlan,
+    names: Vec<String>,
+) -> Result<Option<LogicalPlan>> {
+    if std::ptr::eq(plan, target) {
+        return Ok(Some(replacement.clone()));
+    }
+    let below = |input: &Arc<LogicalPlan>| carry(input, target, replacement, names.clone());
+    Ok(Some(match plan {
+        LogicalPlan::SubqueryAlias(s) => match below(&s.input)? {
+            Some(input) => LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+                Arc::new(input),
+                s.alias.clone(),
+            )?),
+            None => return Ok(None),
+        },
+        LogicalPlan::Filter(f) => match below(&f.input)? {
+            Some(input) => {
+                LogicalPlan::Filter(Filter::try_new(f.predicate.clone(), Arc::new(input))?)
+            }
+            None => return Ok(None),
+        },
+        LogicalPlan::Sort(s) => match below(&s.input)? {
+            Some(input) => LogicalPlan::Sort(Sort {
+                expr: s.expr.clone(),
+                input: Arc::new(input),
+                fetch: s.fetch,
+            }),
+            None => return Ok(None),
+        },
+        LogicalPlan::Limit(l) => match below(&l.input)? {
+            Some(input) => LogicalPlan::Limit(Limit {
+                skip: l.skip.clone(),
+                fetch: l.fetch.clone(),
+                input: Arc::new(input),
+            }),
+            None => return Ok(None),
+        },
+        LogicalPlan::Projection(p) => match below(&p.input)? {
+            Some(input) => {
+                let mut exprs = p.expr.clone();
+                for name in &names {
+                    exprs.push(Expr::Column(column_named(&input, name)?));
+                }
+                LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?)
+            }
+            None => return Ok(None),
+        },
+        LogicalPlan::Join(j) => {
+            let (left, right) = match (below(&j.left)?, below(&j.right)?) {
+                (Some(l), None) => (Arc::new(l), Arc::clone(&j.right)),
+                (None, Some(r)) => (Arc::clone(&j.left), Arc::new(r)),
+                (None, None) => return Ok(None),
+                (Some(_), Some(_)) => return through(plan, "a join of the CTE with itself"),
+            };
+            let kept = match j.join_type {
+                JoinType::LeftSemi | JoinType::LeftAnti | JoinType::LeftMark => {
+                    !Arc::ptr_eq(&left, &j.left)
+                }
+                JoinType::RightSemi | JoinType::RightAnti | JoinType::RightMark => {
+                    !Arc::ptr_eq(&right, &j.right)
+                }
+                _ => true,
+            };
+            if !kept {
+                return through(plan, "a semi or anti join that does not keep its rows");
+            }
+            LogicalPlan::Join(Join::try_new(
+                left,
+                right,
+                j.on.clone(),
+                j.filter.clone(),
+                j.join_type,
+                j.join_constraint,
+                j.null_equality,
+                j.null_aware,
+            )?)
+        }
+        LogicalPlan::Aggregate(a) => match below(&a.input)? {
+            Some(input) => group_by_tangents(a, input, replacement, &names)?,
+            None => return Ok(None),
+        },
+        other => {
+            let mut inside = false;
+            for input in other.inputs() {
+                inside |= input.exists(|n| Ok(std::ptr::eq(n, target)))?;
+            }
+            match inside {
+                true => return through(plan, "this operator"),
+                false => return Ok(None),
+            }
+        }
+    }))
+}
+
+/// The aggregate `a` over `input` with the tangents as group keys too:
+/// only where its group keys hold every column of the CTE's row (then a
+/// group is one row of it, and its tangents are the group's).
+fn group_by_tangents(
+    a: &Aggregate,
+    input: LogicalPlan,
+    replacement: &LogicalPlan,
+    names: &[String],
+) -> Result<LogicalPlan> {
+    let originals = replacement.schema().fields().len() - names.len();
+    let mut keyed = vec![false; originals];
+    for g in &a.group_expr {
+        if let Expr::Column(c) = unalias(g) {
+            let (origin, at) = origin_of(&input, input.schema().index_of_column(c)?)?;
+            let same = match (origin, replacement) {
+                (LogicalPlan::TableScan(s), LogicalPlan::TableScan(t)) => {
+                    s.table_name == t.table_name
+                }
+                _ => std::ptr::eq(origin, replacement) || origin == replacement,
+            };
+            if same && at < originals {
+                keyed[at] = true;
+            }
+        }
+    }
+    if keyed.contains(&false) {
+        return through(
+            &LogicalPlan::Aggregate(a.clone()),
+            "an aggregate whose GROUP BY keys are not all the CTE's columns (put the marker \
+             inside the aggregate, e.g. avg(grad(loss, lr)), or group by every column)",
+        );
+    }
+    let mut group = a.group_expr.clone();
+    for name in names {
+        group.push(Expr::Column(column_named(&input, name)?));
+    }
+    Ok(LogicalPlan::Aggregate(Aggregate::try_new(
+        Arc::new(input),
+        group,
+        a.aggr_expr.clone(),
+    )?))
+}
+
+fn through<T>(plan: &LogicalPlan, what: &str) -> Result<T> {
+    let name = plan.display().to_string();
+    fail(
+        ErrorKind::NeedsPlanContext,
+        format!(
+            "derivatives through a recursive CTE reach the derivative through {what} \
+             (`{}`), which does not carry the tangents yet",
+            name.trim()
+        ),
+    )
+}
