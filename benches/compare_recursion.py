@@ -38,7 +38,7 @@ LOGISTIC_SELECTS = {
 }
 
 HYPER = """WITH RECURSIVE p(step, w, b, lr) AS (
-  SELECT 0, CAST(0.0 AS DOUBLE), CAST(0.0 AS DOUBLE), CAST(0.2 AS DOUBLE)
+  SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.0 AS DOUBLE) AS b, CAST(0.2 AS DOUBLE) AS lr
   UNION ALL
   SELECT p.step + 1,
          p.w - p.lr * avg(2 * (p.w * d.x + p.b - d.y) * d.x),
@@ -91,7 +91,7 @@ def main():
     p = subprocess.run([args.dfgrad, "-f", "/dev/stdin"], input=script, capture_output=True, text=True)
     if p.returncode != 0:
         sys.exit(p.stderr)
-    elapsed = [float(m) for m in re.findall(r"Elapsed ([0-9.]+) seconds", p.stdout)]
+    elapsed = [float(m) for m in re.findall(r"Elapsed ([0-9.]+) seconds", p.stdout + p.stderr)]
     elapsed = elapsed[len(setup) + 1 :]  # the setup and one warm-up run
     if len(elapsed) != len(order):
         sys.exit(f"expected {len(order)} timings, got {len(elapsed)}:\n{p.stdout[-2000:]}")

@@ -155,6 +155,17 @@ pub(crate) fn tangent_column(j: usize, c: usize) -> String {
     format!("__dfgrad_tangent{j}_{c}")
 }
 
+/// Whether `name` is a column [`tangent_column`] builds.
+pub(crate) fn is_tangent_column(name: &str) -> bool {
+    name.strip_prefix("__dfgrad_tangent").is_some_and(|rest| {
+        rest.split_once('_').is_some_and(|(j, c)| {
+            [j, c]
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+    })
+}
+
 /// The name of the `k`-th CTE of a query exported as a chain of operators
 /// (`__dfgrad_r{k}`).
 pub(crate) fn export_relation(k: usize) -> String {

@@ -575,3 +575,38 @@ async fn relational_reverse_mode_export_refusals_are_typed() {
         );
     }
 }
+
+#[tokio::test]
+async fn derivatives_through_recursion_export_their_tangent_columns() {
+    let sql = "WITH RECURSIVE s(step, x, a, x0) AS (\
+               SELECT 0 AS step, x0 AS x, a, x0 FROM (SELECT 0.3 AS x0, 2.7 AS a) i \
+               UNION ALL SELECT step + 1, x + 0.05 * a * x * (1 - x), a, x0 FROM s WHERE step < 50) \
+               SELECT grad(x, a) AS da, grad(x, x0) AS dx0 FROM s WHERE step = 50";
+    let grad_ctx = datafusion_grad::session_context();
+    let exported = rewrite_sql(&grad_ctx, sql, SqlDialect::DataFusion)
+        .await
+        .unwrap();
+    assert!(exported.contains("__dfgrad_tangent0_1"), "{exported}");
+    let plain = SessionContext::new();
+    assert_eq!(
+        rows(&grad_ctx, sql).await.unwrap(),
+        rows(&plain, &exported).await.unwrap(),
+        "{exported}"
+    );
+    assert_refused(
+        rewrite_sql(&grad_ctx, sql, SqlDialect::Sqlite).await,
+        ErrorKind::Unexportable,
+        "tangents of a derivative through its iterations for sqlite",
+    );
+    // a loop whose steps aggregate is not printed yet
+    let looped = "WITH RECURSIVE p(step, w, lr) AS (\
+                  SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.1 AS DOUBLE) AS lr UNION ALL \
+                  SELECT p.step + 1, p.w - p.lr * avg(grad(power(p.w * d.x - d.y, 2), p.w)), p.lr \
+                  FROM p CROSS JOIN (VALUES (1.0, 2.0), (2.0, 4.0)) AS d(x, y) WHERE p.step < 3 \
+                  GROUP BY p.step, p.w, p.lr) SELECT grad(power(w - 2, 2), lr) FROM p WHERE step = 3";
+    assert_refused(
+        rewrite_sql(&grad_ctx, looped, SqlDialect::DuckDb).await,
+        ErrorKind::Unexportable,
+        "exported where its steps do not aggregate",
+    );
+}

@@ -37,6 +37,7 @@ use super::tidy::tidy;
 use super::SqlDialect;
 use crate::error::{ErrorKind, GradError};
 use crate::plan::bindings::printable;
+use crate::reserved::is_tangent_column;
 
 /// Prints plans as statements of one dialect.
 pub(crate) struct Printer {
@@ -269,6 +270,22 @@ impl Printer {
                 self.dialect()
             ));
         }
+        let tangents = rq
+            .static_term
+            .schema()
+            .fields()
+            .iter()
+            .any(|f| is_tangent_column(f.name()));
+        if tangents && (self.dialect() == SqlDialect::Sqlite || has_aggregate(&rq.recursive_term)?)
+        {
+            return unexportable(format!(
+                "the recursive query `{}` with the tangents of a derivative through its \
+                 iterations for {}: exported where its steps do not aggregate, for DuckDB, \
+                 PostgreSQL and DataFusion",
+                rq.name,
+                self.dialect()
+            ));
+        }
         let static_term = self.hoist_recursive(typed_literals(&rq.static_term)?, ctes)?;
         let recursive_term = self.hoist_recursive(rq.recursive_term.as_ref().clone(), ctes)?;
         Ok(format!(
@@ -486,7 +503,7 @@ fn values_index(name: &ObjectName) -> Option<usize> {
 /// The schema a node's expressions are evaluated over.
 pub(crate) fn input_schema(node: &LogicalPlan) -> Result<DFSchema> {
     let inputs = node.inputs();
-    if matches!(node, LogicalPlan::Union(_)) {
+    if matches!(node, LogicalPlan::Union(_) | LogicalPlan::RecursiveQuery(_)) {
         // Its inputs' columns are its own, by position (and it has no
         // expressions).
         return Ok(node.schema().as_ref().clone());

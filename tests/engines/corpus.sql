@@ -641,3 +641,27 @@ CREATE TABLE w2 AS
 WITH s AS (SELECT avg((pts.x * w.val - pts.y) * (pts.x * w.val - pts.y)) AS loss FROM pts JOIN w ON w.id = pts.x + 1)
 SELECT id, val - 0.1 * grad((SELECT loss FROM s), val) AS val FROM w;
 SELECT id, val FROM w2 ORDER BY id;
+
+------------------------------------------------------------------------------
+-- Derivatives through WITH RECURSIVE (forward mode): the recursive CTE
+-- printed with its tangent columns (not yet where its steps aggregate, nor
+-- for SQLite)
+------------------------------------------------------------------------------
+
+-- name: through_recursion_logistic
+-- refuse: sqlite
+WITH RECURSIVE s(step, x, a, x0) AS (
+  SELECT 0 AS step, x0 AS x, a, x0 FROM (SELECT CAST(0.3 AS DOUBLE) AS x0, CAST(2.7 AS DOUBLE) AS a) i
+  UNION ALL SELECT step + 1, x + 0.05 * a * x * (1 - x), a, x0 FROM s WHERE step < 50)
+SELECT step, x, grad(x, a) AS da, grad(x, x0) AS dx0 FROM s WHERE step % 10 = 0 ORDER BY step;
+
+-- name: through_recursion_hypergradient_over_data
+-- refuse: datafusion, duckdb, postgres, sqlite
+WITH RECURSIVE p(step, w, b, lr) AS (
+  SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.0 AS DOUBLE) AS b, CAST(0.1 AS DOUBLE) AS lr
+  UNION ALL
+  SELECT p.step + 1, p.w - p.lr * grad(avg(power(p.w * pts.x + p.b - pts.y, 2)), p.w),
+         p.b - p.lr * grad(avg(power(p.w * pts.x + p.b - pts.y, 2)), p.b), p.lr
+  FROM p CROSS JOIN pts WHERE p.step < 10 GROUP BY p.step, p.w, p.b, p.lr)
+SELECT p.lr, grad(avg(power(p.w * pts.x + p.b - pts.y, 2)), p.lr) AS dlr
+FROM p CROSS JOIN pts WHERE p.step = 10 GROUP BY p.lr ORDER BY p.lr;
