@@ -128,6 +128,14 @@ const QUERIES: &[&str] = &[
                                           FROM t JOIN train p ON p.k = t.i % 3), w) \
        FROM train WHERE step < 4) \
      SELECT step, k, w FROM train ORDER BY step, k",
+    // a derivative through the iterations of a training loop over the
+    // partitioned data (forward mode: tangent columns in the work table)
+    "WITH RECURSIVE p(step, w, lr) AS ( \
+       SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.5 AS DOUBLE) AS lr \
+       UNION ALL \
+       SELECT p.step + 1, p.w - p.lr * avg(grad(power(p.w * t.x - t.y, 2), p.w)), p.lr \
+       FROM p CROSS JOIN t WHERE p.step < 3 GROUP BY p.step, p.w, p.lr) \
+     SELECT w, grad(power(w - 2.5, 2), lr) AS g FROM p WHERE step = 3",
     // a recursive query with no rows
     "WITH RECURSIVE r(n) AS (SELECT i FROM t WHERE i < 0 UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
      SELECT count(*) AS c FROM r",

@@ -357,26 +357,19 @@ impl Chain<'_> {
             JoinType::Left => "LEFT",
             JoinType::Right => "RIGHT",
             JoinType::Full => "FULL",
-            JoinType::LeftSemi | JoinType::LeftAnti => {
-                let not = if j.join_type == JoinType::LeftAnti {
-                    "NOT "
-                } else {
-                    ""
+            JoinType::LeftSemi | JoinType::LeftAnti | JoinType::RightSemi | JoinType::RightAnti => {
+                // The kept side's rows where a row of the other side matches (or none does).
+                let (kept, other) = match j.join_type {
+                    JoinType::LeftSemi | JoinType::LeftAnti => ((l_all, left, "l"), (right, "r")),
+                    _ => ((r_all, right, "r"), (left, "l")),
+                };
+                let not = match j.join_type {
+                    JoinType::LeftAnti | JoinType::RightAnti => "NOT ",
+                    _ => "",
                 };
                 return Ok(format!(
-                    "SELECT {l_all} FROM {left} AS l WHERE {not}EXISTS \
-                     (SELECT 1 FROM {right} AS r WHERE {on})"
-                ));
-            }
-            JoinType::RightSemi | JoinType::RightAnti => {
-                let not = if j.join_type == JoinType::RightAnti {
-                    "NOT "
-                } else {
-                    ""
-                };
-                return Ok(format!(
-                    "SELECT {r_all} FROM {right} AS r WHERE {not}EXISTS \
-                     (SELECT 1 FROM {left} AS l WHERE {on})"
+                    "SELECT {} FROM {} AS {} WHERE {not}EXISTS (SELECT 1 FROM {} AS {} WHERE {on})",
+                    kept.0, kept.1, kept.2, other.0, other.1
                 ));
             }
             JoinType::LeftMark | JoinType::RightMark => {
