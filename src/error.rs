@@ -53,6 +53,9 @@ pub enum ErrorKind {
     /// `datafusion_grad.ballista_timeout_seconds` (e.g. it lost its
     /// executors).
     ClusterTimeout,
+    /// A recursive query still produced rows after
+    /// `datafusion_grad.max_iterations` iterations.
+    IterationLimit,
 }
 
 impl ErrorKind {
@@ -71,6 +74,7 @@ impl ErrorKind {
             ErrorKind::InvalidTensor => "invalid_tensor",
             ErrorKind::DeviceUnavailable => "device_unavailable",
             ErrorKind::ClusterTimeout => "cluster_timeout",
+            ErrorKind::IterationLimit => "iteration_limit",
         }
     }
 }

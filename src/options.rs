@@ -5,6 +5,7 @@
 //! SET datafusion_grad.tensor_device = 'cpu';
 //! SET datafusion_grad.broadcast_aggregate = false;
 //! SET datafusion_grad.ballista_timeout_seconds = 3600;
+//! SET datafusion_grad.max_iterations = 1000000;
 //! ```
 //!
 //! This module is a leaf: it imports nothing from the rest of the crate, and
@@ -35,6 +36,10 @@ extensions_options! {
         /// iteration of a recursive query) before it fails with a
         /// `cluster_timeout` error; 0: no bound.
         pub ballista_timeout_seconds: u64, default = 600
+        /// The most iterations of a recursive query that may produce rows
+        /// before it fails with an `iteration_limit` error (a stop
+        /// condition never met); 0: no bound.
+        pub max_iterations: u64, default = 100_000
     }
 }
 

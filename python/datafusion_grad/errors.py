@@ -146,6 +146,14 @@ class ClusterTimeoutError(GradError):
     kind = "cluster_timeout"
 
 
+class IterationLimitError(GradError):
+    """A recursive query still produced rows after
+    ``datafusion_grad.max_iterations`` iterations (a stop condition never
+    met)."""
+
+    kind = "iteration_limit"
+
+
 _BY_KIND: dict[str, type[GradError]] = {
     cls.kind: cls
     for cls in (
@@ -161,6 +169,7 @@ _BY_KIND: dict[str, type[GradError]] = {
         InvalidTensorError,
         DeviceUnavailableError,
         ClusterTimeoutError,
+        IterationLimitError,
     )
 }
 

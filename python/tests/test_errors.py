@@ -95,6 +95,7 @@ def test_hierarchy():
         "invalid_tensor",
         "device_unavailable",
         "cluster_timeout",
+        "iteration_limit",
     }
     for name in errors.__all__:
         assert issubclass(getattr(errors, name), errors.DataFusionGradError)

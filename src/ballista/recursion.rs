@@ -38,6 +38,7 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 use super::deadline::DeadlineExec;
 use crate::options::GradOptions;
 use crate::plan::iterate::Seen;
+use crate::plan::iterations::IterationLimit;
 
 /// A query planner that evaluates recursive queries on the client, one
 /// query of `inner` (Ballista's planner) per iteration, and plans the rest
@@ -88,6 +89,14 @@ impl ClientRecursion {
                 .collect::<Result<_>>()?;
         }
         let mut all = work.clone();
+        let limit = IterationLimit(
+            session
+                .config_options()
+                .extensions
+                .get::<GradOptions>()
+                .map_or(GradOptions::default().max_iterations, |o| o.max_iterations),
+        );
+        let mut iteration = 0;
         while work.iter().any(|b| b.num_rows() > 0) {
             let term = with_work_table(&q.recursive_term, &q.name, &work)?;
             work = self.run(&term, session).await?;
@@ -96,6 +105,10 @@ impl ClientRecursion {
                     .iter()
                     .map(|b| seen.new_rows(b))
                     .collect::<Result<_>>()?;
+            }
+            iteration += 1;
+            if work.iter().any(|b| b.num_rows() > 0) {
+                limit.check(iteration)?;
             }
             all.extend(work.iter().cloned());
         }

@@ -68,6 +68,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
 
+use super::iterations::IterationLimit;
 use super::shared::{shared_input, SharedExec};
 
 /// `plan` with every recursive query whose recursive term reads the work
@@ -478,6 +479,7 @@ impl ExecutionPlan for IterateExec {
             false => None,
         };
         let run = Run {
+            limit: IterationLimit::of(&context),
             current: self.static_term.execute(0, Arc::clone(&context))?,
             recursive_term: Arc::clone(&self.recursive_term),
             rows: Arc::clone(&self.rows),
@@ -500,6 +502,8 @@ impl ExecutionPlan for IterateExec {
 
 /// One execution of an [`IterateExec`].
 struct Run {
+    /// The most iterations that may produce rows.
+    limit: IterationLimit,
     /// The term running now.
     current: SendableRecordBatchStream,
     recursive_term: Arc<dyn ExecutionPlan>,
@@ -527,6 +531,8 @@ impl Run {
                     if batch.num_rows() == 0 {
                         continue;
                     }
+                    self.limit
+                        .check(self.rows.iteration.load(Ordering::Acquire))?;
                     self.reservation.try_grow(batch.get_array_memory_size())?;
                     self.produced.push(batch.clone());
                     return Ok(Some(batch));

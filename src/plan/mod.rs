@@ -33,6 +33,7 @@ pub mod dml;
 pub mod expand;
 pub mod free_variables;
 pub mod iterate;
+pub mod iterations;
 pub mod lineage;
 pub mod reverse;
 pub mod shared;

@@ -56,6 +56,7 @@ use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use futures::TryStreamExt;
 
 use super::iterate::{iterate_loops, IteratePlanner};
+use super::iterations::limit_iterations;
 
 /// `plan`, marked to be computed once however often the query reads it
 /// (see the [module docs](self)).
@@ -164,9 +165,11 @@ impl QueryPlanner for SharingPlanner {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let caches = Arc::new(Caches::default());
         let plan = iterate_loops(logical_plan.clone())?;
-        DefaultPhysicalPlanner::with_extension_planners(vec![caches, Arc::new(IteratePlanner)])
-            .create_physical_plan(&plan, session)
-            .await
+        let plan =
+            DefaultPhysicalPlanner::with_extension_planners(vec![caches, Arc::new(IteratePlanner)])
+                .create_physical_plan(&plan, session)
+                .await?;
+        limit_iterations(plan)
     }
 }
 

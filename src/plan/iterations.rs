@@ -1,0 +1,166 @@
+//! A bound on the iterations of a recursive query.
+//!
+//! A recursive query whose recursive term never stops producing rows (a
+//! stop condition that is never met) runs until memory is exhausted. With
+//! `datafusion_grad.max_iterations` (default 100,000; `0`: no bound) it
+//! fails with a typed [`ErrorKind::IterationLimit`] error once an iteration
+//! past the bound produces a row:
+//!
+//! ```sql
+//! SET datafusion_grad.max_iterations = 1000000;
+//! ```
+//!
+//! DataFusion's `RecursiveQueryExec` executes its recursive term once per
+//! iteration (after resetting its state): [`limit_iterations`] wraps that
+//! term in a [`CountedTermExec`], which counts the executions.
+//! [`super::iterate::IterateExec`] and Ballista's client-driven recursion
+//! check the same bound with [`IterationLimit`].
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use datafusion::common::internal_err;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+};
+use futures::StreamExt;
+
+use crate::error::{ErrorKind, GradError};
+use crate::options::GradOptions;
+
+/// The most iterations of a recursive query that may produce rows (`0`:
+/// no bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IterationLimit(pub u64);
+
+impl IterationLimit {
+    /// The bound set for the session running `context`.
+    pub fn of(context: &TaskContext) -> Self {
+        let options = context.session_config().options();
+        Self(
+            options
+                .extensions
+                .get::<GradOptions>()
+                .map_or(GradOptions::default().max_iterations, |o| o.max_iterations),
+        )
+    }
+
+    /// Fails when iteration `n` (from 1) produced rows past the bound.
+    pub fn check(self, n: u64) -> Result<()> {
+        match self.0 != 0 && n > self.0 {
+            true => Err(GradError::new(
+                ErrorKind::IterationLimit,
+                format!(
+                    "the recursive query was still producing rows after {} iterations \
+                     (datafusion_grad.max_iterations); check its stop condition, or raise \
+                     the bound with SET datafusion_grad.max_iterations = N (0: no bound)",
+                    self.0
+                ),
+            )
+            .into()),
+            false => Ok(()),
+        }
+    }
+}
+
+/// `plan` with the recursive term of every `RecursiveQueryExec` in it
+/// counted against the session's bound.
+pub fn limit_iterations(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        if node.downcast_ref::<RecursiveQueryExec>().is_none() {
+            return Ok(Transformed::no(node));
+        }
+        let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
+        let [static_term, recursive_term] = <[_; 2]>::try_from(children)
+            .or_else(|_| internal_err!("RecursiveQueryExec has two children"))?;
+        let counted = Arc::new(CountedTermExec {
+            input: recursive_term,
+            executions: Arc::new(AtomicU64::new(0)),
+        });
+        Ok(Transformed::yes(replace_children_if_necessary(
+            node,
+            vec![static_term, counted],
+        )?))
+    })
+    .map(|t| t.data)
+}
+
+/// A recursive term that counts its executions (one per iteration; the
+/// count is shared by the copies made when its state is reset) and fails
+/// the first one past the session's bound that produces a row.
+#[derive(Debug)]
+pub struct CountedTermExec {
+    input: Arc<dyn ExecutionPlan>,
+    executions: Arc<AtomicU64>,
+}
+
+impl DisplayAs for CountedTermExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "CountedTermExec")
+    }
+}
+
+impl ExecutionPlan for CountedTermExec {
+    fn name(&self) -> &str {
+        "CountedTermExec"
+    }
+
+    fn apply_expressions(
+        &self,
+        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match <[_; 1]>::try_from(children) {
+            Ok([input]) => Ok(Arc::new(Self {
+                input,
+                executions: Arc::clone(&self.executions),
+            })),
+            Err(_) => internal_err!("CountedTermExec has one child"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let limit = IterationLimit::of(&context);
+        let input = self.input.execute(partition, context)?;
+        let n = self.executions.fetch_add(1, Ordering::AcqRel) + 1;
+        if limit.check(n).is_ok() {
+            return Ok(input);
+        }
+        // Past the bound: fine if this iteration ends the recursion (no rows).
+        let schema = input.schema();
+        let stream = input.map(move |batch| {
+            let batch = batch?;
+            match batch.num_rows() {
+                0 => Ok(batch),
+                _ => limit.check(n).map(|_| batch),
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
