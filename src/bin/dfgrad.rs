@@ -127,6 +127,8 @@
 mod commands;
 #[path = "dfgrad/print.rs"]
 mod print;
+#[path = "dfgrad/progress.rs"]
+mod progress;
 #[path = "dfgrad/shell.rs"]
 mod shell;
 #[path = "dfgrad/tables.rs"]
@@ -610,7 +612,7 @@ async fn ballista_context(_url: &str) -> Result<SessionContext> {
 /// dynamic file catalog (`SELECT * FROM 'file.parquet'`), settings from
 /// `DATAFUSION_*` environment variables, `-b` and `-m`.
 fn local_context(args: &Args) -> Result<SessionContext> {
-    let mut config = SessionConfig::from_env()?.with_information_schema(true);
+    let mut config = progress::install(SessionConfig::from_env()?.with_information_schema(true));
     if let Some(rows) = args.batch_size {
         config = config.with_batch_size(rows);
     }

@@ -68,7 +68,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
 
-use super::iterations::IterationLimit;
+use super::iterations::{IterationLimit, IterationProgress};
 use super::shared::{shared_input, SharedExec};
 
 /// `plan` with every recursive query whose recursive term reads the work
@@ -545,7 +545,8 @@ impl Run {
                     let size = rows.iter().map(RecordBatch::get_array_memory_size).sum();
                     self.reservation.resize(size);
                     *self.rows.rows.lock().expect("iteration rows lock") = Some(rows);
-                    self.rows.iteration.fetch_add(1, Ordering::AcqRel);
+                    let n = self.rows.iteration.fetch_add(1, Ordering::AcqRel) + 1;
+                    IterationProgress::report(&self.context, n);
                     let term = reset_plan_states(Arc::clone(&self.recursive_term))?;
                     self.current = term.execute(0, Arc::clone(&self.context))?;
                 }

@@ -10,6 +10,10 @@
 //! SET datafusion_grad.max_iterations = 1000000;
 //! ```
 //!
+//! A session may also watch the iterations: an [`IterationProgress`] in its
+//! config's extensions is called as each iteration starts (`dfgrad` shows
+//! them on stderr when it is a terminal).
+//!
 //! DataFusion's `RecursiveQueryExec` executes its recursive term once per
 //! iteration (after resetting its state): [`limit_iterations`] wraps that
 //! term in a [`CountedTermExec`], which counts the executions.
@@ -67,6 +71,31 @@ impl IterationLimit {
             )
             .into()),
             false => Ok(()),
+        }
+    }
+}
+
+/// A watcher of recursive queries, set as a session config extension
+/// (`SessionConfig::with_extension`): called with the number (from 1) of
+/// each iteration of a recursive query as it starts.
+#[derive(Clone)]
+pub struct IterationProgress(pub Arc<dyn Fn(u64) + Send + Sync>);
+
+impl fmt::Debug for IterationProgress {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("IterationProgress")
+    }
+}
+
+impl IterationProgress {
+    /// Tells the watcher of the session running `context`, if it has one,
+    /// that iteration `n` starts.
+    pub fn report(context: &TaskContext, n: u64) {
+        if let Some(progress) = context
+            .session_config()
+            .get_extension::<IterationProgress>()
+        {
+            (progress.0)(n);
         }
     }
 }
@@ -147,8 +176,9 @@ impl ExecutionPlan for CountedTermExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let limit = IterationLimit::of(&context);
-        let input = self.input.execute(partition, context)?;
         let n = self.executions.fetch_add(1, Ordering::AcqRel) + 1;
+        IterationProgress::report(&context, n);
+        let input = self.input.execute(partition, context)?;
         if limit.check(n).is_ok() {
             return Ok(input);
         }

@@ -52,7 +52,10 @@ impl Shell {
     /// Plans, executes and prints a single statement; a panic while planning or
     /// executing it is an error.
     pub(crate) async fn run_statement(&self, sql: &str) -> Result<()> {
-        catch_panic(self.execute(sql)).await?
+        crate::progress::start();
+        let result = catch_panic(self.execute(sql)).await;
+        crate::progress::finish();
+        result?
     }
 
     async fn execute(&self, sql: &str) -> Result<()> {
@@ -97,6 +100,7 @@ impl Shell {
                 batches.push(batch);
             }
         }
+        crate::progress::finish();
         printer.print(&schema, &batches, rows, start)
     }
 
