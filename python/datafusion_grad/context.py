@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import pyarrow as pa
 
@@ -48,6 +48,24 @@ class SessionContext:
 
     def __init__(self) -> None:
         self._raw = _internal.SessionContext()
+
+    def set_progress(self, callback: Callable[[int], object] | None) -> None:
+        """Calls ``callback(n)`` as iteration ``n`` (from 1) of a recursive
+        query starts, e.g. to show a training loop's progress; ``None``
+        removes it. An exception the callback raises is reported as
+        unraisable (``sys.unraisablehook``), not raised into the query.
+
+        >>> import datafusion_grad as dg
+        >>> ctx = dg.SessionContext()
+        >>> seen = []
+        >>> ctx.set_progress(seen.append)
+        >>> ctx.sql("WITH RECURSIVE r(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+        ...         "SELECT max(n) AS m FROM r").to_pydict()
+        {'m': [3]}
+        >>> seen  # the 4th iteration produces no row: the recursion ends
+        [1, 2, 3, 4]
+        """
+        self._raw.set_progress(callback)
 
     def sql(self, query: str) -> DataFrame:
         """Plans ``query``. DDL (CREATE TABLE/VIEW, DROP) runs at once; a

@@ -10,6 +10,7 @@ use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
 use datafusion_grad::export::SqlDialect;
+use datafusion_grad::plan::iterations::IterationProgress;
 use datafusion_grad::substrait::{plan_to_bytes, to_substrait, Profile};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -35,6 +36,28 @@ impl PySessionContext {
         Self {
             ctx: datafusion_grad::session_context_with_config(config),
         }
+    }
+
+    /// Calls `callback(n)` as iteration `n` (from 1) of a recursive query
+    /// starts (a training loop's progress); `None` removes it. An exception
+    /// it raises is reported as unraisable, not raised into the query.
+    #[pyo3(signature = (callback))]
+    fn set_progress(&self, callback: Option<PyObject>) {
+        let report: Arc<dyn Fn(u64) + Send + Sync> = match callback {
+            Some(callback) => Arc::new(move |n| {
+                Python::with_gil(|py| {
+                    if let Err(e) = callback.call1(py, (n,)) {
+                        e.write_unraisable(py, None);
+                    }
+                })
+            }),
+            None => Arc::new(|_| {}),
+        };
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        state
+            .config_mut()
+            .set_extension(Arc::new(IterationProgress(report)));
     }
 
     /// Plans `query` (DDL runs at once, like datafusion-python).

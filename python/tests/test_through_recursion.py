@@ -155,3 +155,17 @@ def test_loop_whose_stop_depends_on_the_data_matches_jax():
     assert got["x"] == pytest.approx(float(run(0.4, 0.7)), rel=1e-12)
     assert got["dc"] == pytest.approx(float(dc), rel=1e-9)
     assert got["dx0"] == pytest.approx(float(dx0), rel=1e-9)
+
+
+def test_progress_callback_sees_every_iteration_and_the_limit_is_typed():
+    ctx = dg.SessionContext()
+    seen = []
+    ctx.set_progress(seen.append)
+    loop = "WITH RECURSIVE r(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM r WHERE n < 25) SELECT max(n) AS m FROM r"
+    assert ctx.sql(loop).to_pydict() == {"m": [25]}
+    assert seen == list(range(1, 27))
+    ctx.set_progress(None)
+    ctx.sql("SET datafusion_grad.max_iterations = 5").collect()
+    with pytest.raises(dg.errors.IterationLimitError, match="after 5 iterations"):
+        ctx.sql(loop).collect()
+    assert len(seen) == 26
