@@ -24,6 +24,7 @@
 //! | `__dfgrad_seed`, `__dfgrad_stats` | qualifiers of a group's adjoints and of its statistics while they are joined |
 //! | `__dfgrad_gradient`, `__dfgrad_table{k}` | a gradient table's derivative column, and the table's qualifier where it is joined |
 //! | `__dfgrad_duplicate_rows` | the check that a parameter relation's rows are told apart |
+//! | `__dfgrad_value{c}` | a recursive CTE's column `c` passed on under a name of its own to a derivative through its iterations |
 //! | `__dfgrad_tangent{j}_{c}` | the tangent of a recursive CTE's column `c` with respect to variable `j`, carried through its iterations ([`crate::plan::analyzer`]) |
 //! | `__dfgrad_r{k}`, `c{i}` | an operator's CTE in exported SQL printed as a chain, and its column `i` (read only qualified, by the chain's own aliases `q`, `l`, `r`) |
 
@@ -153,6 +154,12 @@ pub(crate) fn is_gradient_table_qualifier(q: &TableReference) -> bool {
 /// (`__dfgrad_tangent{j}_{c}`).
 pub(crate) fn tangent_column(j: usize, c: usize) -> String {
     format!("__dfgrad_tangent{j}_{c}")
+}
+
+/// A recursive CTE's column `c` passed on to a derivative through its
+/// iterations (`__dfgrad_value{c}`).
+pub(crate) fn carried_value(c: usize) -> String {
+    format!("__dfgrad_value{c}")
 }
 
 /// Whether `name` is a column [`tangent_column`] builds.

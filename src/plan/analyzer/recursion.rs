@@ -27,7 +27,10 @@
 //! tangents would change which rows are duplicates), a marker mixing such
 //! variables with others, and the CTE's columns reaching the marker through an aggregate,
 //! window or set operation (put the marker inside the aggregate:
-//! `avg(grad(loss, lr))`, or group by the variable).
+//! `avg(grad(loss, lr))`, or group by the variable). Projections between
+//! the CTE and the marker also pass its float values on
+//! (`__dfgrad_value{c}`), so a derived column of them is differentiated
+//! through them.
 
 use std::sync::Arc;
 
@@ -48,7 +51,7 @@ use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{copy_of, origin_of, parts, through_iterations, Part};
 use crate::plan::unalias;
-use crate::reserved::tangent_column;
+use crate::reserved::{carried_value, tangent_column};
 
 /// `node` with each marker whose variables are carried columns of a
 /// recursive CTE that `f` reads through the iterations rewritten in
@@ -529,6 +532,22 @@ fn carry(
                 let mut exprs = p.expr.clone();
                 for name in &names {
                     exprs.push(Expr::Column(column_named(&input, name)?));
+                }
+                // The CTE's float values too, under names of their own: a
+                // derived column of them above is then differentiated
+                // through them.
+                if let LogicalPlan::RecursiveQuery(_) = replacement {
+                    let originals = replacement.schema().fields().len() - names.len();
+                    for i in 0..input.schema().fields().len() {
+                        let (origin, c) = origin_of(&input, i)?;
+                        if c < originals
+                            && replacement.schema().field(c).data_type().is_floating()
+                            && origin == replacement
+                        {
+                            let column = Column::from(input.schema().qualified_field(i));
+                            exprs.push(Expr::Column(column).alias(carried_value(c)));
+                        }
+                    }
                 }
                 LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?)
             }
