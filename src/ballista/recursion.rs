@@ -89,13 +89,7 @@ impl ClientRecursion {
                 .collect::<Result<_>>()?;
         }
         let mut all = work.clone();
-        let limit = IterationLimit(
-            session
-                .config_options()
-                .extensions
-                .get::<GradOptions>()
-                .map_or(GradOptions::default().max_iterations, |o| o.max_iterations),
-        );
+        let limit = IterationLimit::from_options(session.config_options());
         let mut iteration = 0;
         while work.iter().any(|b| b.num_rows() > 0) {
             let term = with_work_table(&q.recursive_term, &q.name, &work)?;

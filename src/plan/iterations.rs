@@ -24,6 +24,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
@@ -48,7 +49,11 @@ pub struct IterationLimit(pub u64);
 impl IterationLimit {
     /// The bound set for the session running `context`.
     pub fn of(context: &TaskContext) -> Self {
-        let options = context.session_config().options();
+        Self::from_options(context.session_config().options())
+    }
+
+    /// The bound `options` set.
+    pub fn from_options(options: &ConfigOptions) -> Self {
         Self(
             options
                 .extensions
