@@ -151,6 +151,17 @@ def generate(rows: int, k: int, directory: Path) -> Path:
     return path
 
 
+def one_group_copy(path: Path) -> Path | None:
+    """The file of `path` rewritten the way a user's pyarrow writes it by
+    default (one row group up to 1Mi rows); None without pyarrow."""
+    if pq is None:
+        return None
+    copy = path.with_name(path.stem + "_default.parquet")
+    if not copy.exists():
+        pq.write_table(pq.read_table(path), copy)
+    return copy
+
+
 def load_numpy(path: Path, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The file's features (`(rows, k)`, C order; 1-D for k = 1) and `y`."""
     names = feature_names(k)
@@ -169,8 +180,9 @@ def load_numpy(path: Path, k: int) -> tuple[np.ndarray, np.ndarray]:
 # --------------------------------------------------------------------------- SQL
 
 
-def training_sql(k: int, iters: int, lr: float, variant: str) -> str:
-    """The recursive CTE; `variant` is `grad` or `hand` (hand-written derivative)."""
+def training_sql(k: int, iters: int, lr: float, variant: str, table: str = "pts") -> str:
+    """The recursive CTE over `table`; `variant` is `grad` or `hand`
+    (hand-written derivative)."""
     ws, xs = weight_names(k), feature_names(k)
     params = ws + ["b"]
     residual = " + ".join(f"{w} * {x}" for w, x in zip(ws, xs)) + " + b - y"
@@ -189,7 +201,7 @@ def training_sql(k: int, iters: int, lr: float, variant: str) -> str:
         f"  SELECT 0 AS step, {anchor}\n"
         f"  UNION ALL\n"
         f"  SELECT step + 1,\n    " + ",\n    ".join(updates) + "\n"
-        f"  FROM fit CROSS JOIN pts\n"
+        f"  FROM fit CROSS JOIN {table}\n"
         f"  WHERE step < {iters}\n"
         f"  GROUP BY {keys}\n"
         f")\n"
@@ -256,6 +268,51 @@ def run_ours(binary: str, path: Path, k: int, args) -> dict[str, Result]:
         res.record(p)
         if i >= 2 * args.warmup:
             res.times.append(t)
+    return results
+
+
+# The file-backed loops: where the data lives, and whether the loop-invariant
+# data is kept across iterations (datafusion_grad.cache_loop_invariants).
+FILE_VARIANTS = [
+    ("memory", "pts", True), ("memory, not kept", "pts", False),
+    ("file 128Ki groups", "points", True), ("file 128Ki groups, not kept", "points", False),
+    ("file 1 group", "points1", True), ("file 1 group, not kept", "points1", False),
+]
+
+
+def run_ours_files(binary: str, path: Path, one_group: Path, k: int,
+                   args) -> dict[str, Result]:
+    """The `grad` loop over the in-memory table and straight over the files
+    (`--table`, no load), with the loop-invariant data kept and not kept,
+    all in one dfgrad process, interleaved."""
+    params = weight_names(k) + ["b"]
+    cmd = [binary, "--table", f"points={path}", "--table", f"points1={one_group}",
+           "-c", "CREATE TABLE pts AS SELECT * FROM points"]
+    statements = ["load"]
+    kept = True
+    for i in range(args.warmup + args.repeat):
+        variants = FILE_VARIANTS if i % 2 == 0 else FILE_VARIANTS[::-1]
+        for name, table, keep in variants:
+            if keep != kept:
+                cmd += ["-c", f"SET datafusion_grad.cache_loop_invariants = {str(keep).lower()}"]
+                statements.append("set")
+                kept = keep
+            cmd += ["-c", training_sql(k, args.iters, args.lr, "grad", table)]
+            statements.append((name, i >= args.warmup))
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"dfgrad failed ({proc.returncode}): {proc.stderr.strip()}")
+    elapsed = [float(m) for m in ELAPSED.findall(proc.stderr)]
+    values = iter(parse_tables(proc.stdout, params))
+    if len(elapsed) != len(statements):
+        raise RuntimeError(f"unexpected dfgrad output:\n{proc.stdout}\n{proc.stderr}")
+    results = {name: Result(note="dfgrad --table, grad form") for name, _, _ in FILE_VARIANTS}
+    for statement, t in zip(statements, elapsed):
+        if isinstance(statement, tuple):
+            name, timed = statement
+            results[name].record(next(values))
+            if timed:
+                results[name].times.append(t)
     return results
 
 
@@ -412,6 +469,8 @@ def main() -> int:
     p.add_argument("--tolerance", type=float, default=1e-9,
                    help="largest accepted |parameter difference| between engines")
     p.add_argument("--data-dir", help="keep the generated files here (default: a temp dir)")
+    p.add_argument("--no-files", action="store_true",
+                   help="skip the loops straight over the Parquet files")
     p.add_argument("--json", help="also write the raw results to this file")
     args = p.parse_args()
     if args.quick:
@@ -453,6 +512,10 @@ def main() -> int:
                 ours = (run_ours_python(path, k, args) if args.dfgrad == "python"
                         else run_ours(args.dfgrad, path, k, args))
                 res["ours grad"], res["ours hand"] = ours["grad"], ours["hand"]
+                one_group = one_group_copy(path)
+                if not args.no_files and args.dfgrad != "python" and one_group is not None:
+                    for name, r in run_ours_files(args.dfgrad, path, one_group, k, args).items():
+                        res[f"ours {name}"] = r
             if "duckdb" in engines:
                 res["DuckDB hand"] = run_duckdb(path, k, args)
                 gc.collect()
@@ -504,6 +567,20 @@ def main() -> int:
               f"| {fmt_ratio(h, d)} | {fmt_ratio(g, n)} | {fmt_ratio(h, n)} "
               f"| {fmt_pct(b, g)} | {fmt_pct(b, h)} | {fmt_pct(b, d)} | {fmt_pct(b, n)} |")
     print("\nRatios are time / time (> 1: the first is slower); % of bound = bandwidth bound / time.\n")
+    if any("ours file 1 group" in r["engines"] for r in records):
+        names = [f"ours {name}" for name, _, _ in FILE_VARIANTS]
+        print("The `grad` loop straight over the Parquet file (`dfgrad --table`, no load), "
+              "loop-invariant data kept (the default) or not "
+              "(`datafusion_grad.cache_loop_invariants = false`), same process, "
+              "interleaved; in parentheses: / the in-memory loop (target ≤ 1.2x):\n")
+        print("| rows | params | " + " | ".join(n[5:] + " (s)" for n in names) + " |")
+        print("|---:|---:|" + "---:|" * len(names))
+        for r in records:
+            memory = t(r, "ours memory")
+            print(f"| {r['rows']:,} | {r['params']} | "
+                  + " | ".join(f"{fmt_s(t(r, n))} ({fmt_ratio(t(r, n), memory)})"
+                               for n in names) + " |")
+        print()
     ref_name = records[0]["reference"] if records else ""
     names = [n for n in records[0]["engines"] if n != ref_name] if records else []
     print(f"Largest |parameter difference| from {ref_name}'s result "

@@ -30,7 +30,7 @@
 //! | foundation | [`error`], `reserved`, [`options`] | typed errors, the reserved `__dfgrad…` names, settings |
 //! | primitives | [`tensor`], [`rules`] | tensor kernels and functions; the derivative rule of each primitive (a table, like JAX's jvp registry) |
 //! | engine | [`engine`] | differentiates one expression over a hash-consed DAG, reverse or forward mode, shared parts bound once |
-//! | plan | [`plan`] | the analyzer rule and the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, broadcast, relational reverse mode, shared subplans) |
+//! | plan | [`plan`] | the analyzer rule and the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, broadcast, loop-invariant data, relational reverse mode, shared subplans) |
 //! | frontends | [`marker`], [`table_factor`], [`export`], `substrait` (feature) | the SQL functions, `grad(loss, tbl.col)` in FROM, SQL text export, Substrait |
 //! | installation | this crate root: [`register`], [`session_context`] | everything installed into a `SessionContext` |
 //! | on top | `ballista` (feature), `dfgrad` (binary), the Python package | distributed execution, the CLI, Python |
@@ -79,10 +79,11 @@ use engine::call::{Marker, MarkerKind, SharedRules};
 pub use plan::analyzer::{GradAnalyzer, GradBeforeOptimizing};
 pub use plan::broadcast::BroadcastAggregate;
 pub use plan::dml::InlineUpdates;
+pub use plan::invariant::LoopInvariants;
 
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
 /// ([`tensor`]), the analyzer rule, the planner rules ([`plan::dml`],
-/// [`plan::broadcast`]) and the query planner of shared subplans
+/// [`plan::broadcast`], [`plan::invariant`]) and the query planner of shared subplans
 /// ([`plan::shared`]) into `ctx`, with the built-in derivative rules. The
 /// query planner replaces `ctx`'s: DataFusion's default planner, plus the
 /// shared subplans.
@@ -115,6 +116,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     optimizer_rules.extend(state.optimizer().rules.iter().cloned());
     *state = SessionStateBuilder::new_from_existing(state.clone())
         .with_optimizer_rules(optimizer_rules)
+        .with_physical_optimizer_rule(Arc::new(LoopInvariants))
         .with_physical_optimizer_rule(Arc::new(BroadcastAggregate))
         .with_query_planner(Arc::new(plan::shared::SharingPlanner))
         .build();

@@ -4,6 +4,7 @@
 //! ```sql
 //! SET datafusion_grad.tensor_device = 'cpu';
 //! SET datafusion_grad.broadcast_aggregate = false;
+//! SET datafusion_grad.cache_loop_invariants = false;
 //! SET datafusion_grad.ballista_timeout_seconds = 3600;
 //! SET datafusion_grad.max_iterations = 1000000;
 //! ```
@@ -32,6 +33,11 @@ extensions_options! {
         /// loop's parameters) runs as a broadcast aggregation
         /// (`BroadcastAggregateExec`) instead of hashing every joined row.
         pub broadcast_aggregate: bool, default = true
+        /// Whether the parts of a recursive query's recursive term that do
+        /// not read the work table (the data of a training loop) are
+        /// computed in the first iteration and kept in memory for the
+        /// others (`LoopInvariantExec`), instead of read every iteration.
+        pub cache_loop_invariants: bool, default = true
         /// Seconds a Ballista client waits for one distributed query (one
         /// iteration of a recursive query) before it fails with a
         /// `cluster_timeout` error; 0: no bound.

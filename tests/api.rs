@@ -358,3 +358,38 @@ async fn user_rule_for_own_udf() {
         .collect();
     assert_close(&got, &want);
 }
+
+/// The iterations a session's `IterationProgress` saw while `sql` ran.
+async fn progress_of(sql: &str) -> Result<Vec<(u64, u64)>> {
+    use datafusion_grad::plan::iterations::{Iteration, IterationProgress};
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let watch = IterationProgress(Arc::new(move |i: Iteration| {
+        log.lock().unwrap().push((i.number, i.rows));
+    }));
+    let config = SessionConfig::new().with_extension(Arc::new(watch));
+    let ctx = datafusion_grad::session_context_with_config(config);
+    ctx.sql(sql).await?.collect().await?;
+    let seen = seen.lock().unwrap().clone();
+    Ok(seen)
+}
+
+#[tokio::test]
+async fn progress_reports_each_iteration_and_the_rows_before_it() -> Result<()> {
+    // two rows per iteration, three iterations with rows, a fourth that ends
+    let once = "WITH RECURSIVE s(i, v) AS (
+          SELECT 0, 1.0 UNION ALL SELECT 0, 2.0
+          UNION ALL
+          SELECT i + 1, v * 2 FROM s WHERE i < 3)
+        SELECT * FROM s";
+    // the same, the work table read twice (our own iteration)
+    let twice = "WITH RECURSIVE s(i, v) AS (
+          SELECT 0, 1.0 UNION ALL SELECT 0, 2.0
+          UNION ALL
+          SELECT i + 1, v + (SELECT max(v) FROM s) FROM s WHERE i < 3)
+        SELECT * FROM s";
+    let expected = vec![(1, 0), (2, 2), (3, 4), (4, 6)];
+    assert_eq!(progress_of(once).await?, expected);
+    assert_eq!(progress_of(twice).await?, expected);
+    Ok(())
+}

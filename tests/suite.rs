@@ -26,6 +26,8 @@ mod export;
 /// The expression families of the rewrite benchmark.
 #[path = "../benches/families/mod.rs"]
 mod families;
+#[path = "invariant.rs"]
+mod invariant;
 #[path = "layers.rs"]
 mod layers;
 #[path = "properties.rs"]

@@ -34,6 +34,27 @@ def _arrow_stream(data: Any) -> Any:
     raise TypeError(msg)
 
 
+class _TqdmBar:
+    """A progress callback that draws a tqdm bar per recursive query (a new
+    bar when the iteration count starts again)."""
+
+    def __init__(self) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError as e:
+            msg = "set_progress('tqdm') needs the tqdm package: pip install tqdm"
+            raise ImportError(msg) from e
+        self._tqdm = tqdm
+        self._bar: Any = None
+
+    def __call__(self, n: int) -> None:
+        if self._bar is None or n <= self._bar.n:
+            if self._bar is not None:
+                self._bar.close()
+            self._bar = self._tqdm(desc="recursive query", unit="iteration")
+        self._bar.update(n - self._bar.n)
+
+
 class SessionContext:
     """A DataFusion session with ``grad``, ``jvp``, ``vjp`` and
     ``differentiate_sql`` installed, modelled on ``datafusion.SessionContext``.
@@ -49,11 +70,13 @@ class SessionContext:
     def __init__(self) -> None:
         self._raw = _internal.SessionContext()
 
-    def set_progress(self, callback: Callable[[int], object] | None) -> None:
+    def set_progress(self, callback: Callable[[int], object] | str | None) -> None:
         """Calls ``callback(n)`` as iteration ``n`` (from 1) of a recursive
-        query starts, e.g. to show a training loop's progress; ``None``
-        removes it. An exception the callback raises is reported as
-        unraisable (``sys.unraisablehook``), not raised into the query.
+        query starts, e.g. to show a training loop's progress; ``"tqdm"``
+        shows a tqdm progress bar per recursive query instead (``tqdm`` must
+        be installed); ``None`` removes it. An exception the callback raises
+        is reported as unraisable (``sys.unraisablehook``), not raised into
+        the query.
 
         >>> import datafusion_grad as dg
         >>> ctx = dg.SessionContext()
@@ -65,6 +88,11 @@ class SessionContext:
         >>> seen  # the 4th iteration produces no row: the recursion ends
         [1, 2, 3, 4]
         """
+        if isinstance(callback, str):
+            if callback != "tqdm":
+                msg = f"set_progress takes a callable, 'tqdm' or None, got {callback!r}"
+                raise ValueError(msg)
+            callback = _TqdmBar()
         self._raw.set_progress(callback)
 
     def sql(self, query: str) -> DataFrame:

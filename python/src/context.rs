@@ -10,7 +10,7 @@ use datafusion::datasource::MemTable;
 use datafusion::error::DataFusionError;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
 use datafusion_grad::export::SqlDialect;
-use datafusion_grad::plan::iterations::IterationProgress;
+use datafusion_grad::plan::iterations::{Iteration, IterationProgress};
 use datafusion_grad::substrait::{plan_to_bytes, to_substrait, Profile};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -43,10 +43,10 @@ impl PySessionContext {
     /// it raises is reported as unraisable, not raised into the query.
     #[pyo3(signature = (callback))]
     fn set_progress(&self, callback: Option<PyObject>) {
-        let report: Arc<dyn Fn(u64) + Send + Sync> = match callback {
-            Some(callback) => Arc::new(move |n| {
+        let report: Arc<dyn Fn(Iteration) + Send + Sync> = match callback {
+            Some(callback) => Arc::new(move |iteration: Iteration| {
                 Python::with_gil(|py| {
-                    if let Err(e) = callback.call1(py, (n,)) {
+                    if let Err(e) = callback.call1(py, (iteration.number,)) {
                         e.write_unraisable(py, None);
                     }
                 })

@@ -169,3 +169,16 @@ def test_progress_callback_sees_every_iteration_and_the_limit_is_typed():
     with pytest.raises(dg.errors.IterationLimitError, match="after 5 iterations"):
         ctx.sql(loop).collect()
     assert len(seen) == 26
+
+
+def test_progress_as_a_tqdm_bar(capsys):
+    pytest.importorskip("tqdm")
+    ctx = dg.SessionContext()
+    ctx.set_progress("tqdm")
+    loop = "WITH RECURSIVE r(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM r WHERE n < 25) SELECT max(n) AS m FROM r"
+    assert ctx.sql(loop).to_pydict() == {"m": [25]}
+    assert ctx.sql(loop).to_pydict() == {"m": [25]}
+    err = capsys.readouterr().err
+    assert "recursive query" in err and "26" in err
+    with pytest.raises(ValueError, match="'tqdm' or None"):
+        ctx.set_progress("bar")

@@ -68,7 +68,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
 
-use super::iterations::{IterationLimit, IterationProgress};
+use super::iterations::{Iteration, IterationLimit, IterationProgress};
 use super::shared::{shared_input, SharedExec};
 
 /// `plan` with every recursive query whose recursive term reads the work
@@ -486,6 +486,7 @@ impl ExecutionPlan for IterateExec {
             produced: Vec::new(),
             reservation: MemoryConsumer::new("IterateExec").register(context.memory_pool()),
             seen,
+            iterated: 0,
             context,
         };
         let batches = futures::stream::unfold(Some(run), |run| async move {
@@ -514,6 +515,8 @@ struct Run {
     reservation: MemoryReservation,
     /// Every row produced so far, for `UNION`.
     seen: Option<Seen>,
+    /// The rows the iterations (not the static term) produced so far.
+    iterated: u64,
     context: Arc<TaskContext>,
 }
 
@@ -543,10 +546,19 @@ impl Run {
                     // rows this one read are released.
                     let rows = std::mem::take(&mut self.produced);
                     let size = rows.iter().map(RecordBatch::get_array_memory_size).sum();
+                    let count: u64 = rows.iter().map(|b| b.num_rows() as u64).sum();
                     self.reservation.resize(size);
                     *self.rows.rows.lock().expect("iteration rows lock") = Some(rows);
                     let n = self.rows.iteration.fetch_add(1, Ordering::AcqRel) + 1;
-                    IterationProgress::report(&self.context, n);
+                    if n > 1 {
+                        // the rows of the iteration that just ended
+                        self.iterated += count;
+                    }
+                    let iteration = Iteration {
+                        number: n,
+                        rows: self.iterated,
+                    };
+                    IterationProgress::report(&self.context, iteration);
                     let term = reset_plan_states(Arc::clone(&self.recursive_term))?;
                     self.current = term.execute(0, Arc::clone(&self.context))?;
                 }

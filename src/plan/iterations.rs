@@ -80,11 +80,22 @@ impl IterationLimit {
     }
 }
 
+/// What an [`IterationProgress`] is told as an iteration of a recursive
+/// query starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Iteration {
+    /// The iteration's number, from 1.
+    pub number: u64,
+    /// The rows the iterations before it produced, in all (the static
+    /// term's rows not counted).
+    pub rows: u64,
+}
+
 /// A watcher of recursive queries, set as a session config extension
-/// (`SessionConfig::with_extension`): called with the number (from 1) of
-/// each iteration of a recursive query as it starts.
+/// (`SessionConfig::with_extension`): called as each iteration of a
+/// recursive query starts.
 #[derive(Clone)]
-pub struct IterationProgress(pub Arc<dyn Fn(u64) + Send + Sync>);
+pub struct IterationProgress(pub Arc<dyn Fn(Iteration) + Send + Sync>);
 
 impl fmt::Debug for IterationProgress {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -94,13 +105,13 @@ impl fmt::Debug for IterationProgress {
 
 impl IterationProgress {
     /// Tells the watcher of the session running `context`, if it has one,
-    /// that iteration `n` starts.
-    pub fn report(context: &TaskContext, n: u64) {
+    /// that `iteration` starts.
+    pub fn report(context: &TaskContext, iteration: Iteration) {
         if let Some(progress) = context
             .session_config()
             .get_extension::<IterationProgress>()
         {
-            (progress.0)(n);
+            (progress.0)(iteration);
         }
     }
 }
@@ -118,6 +129,7 @@ pub fn limit_iterations(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Executio
         let counted = Arc::new(CountedTermExec {
             input: recursive_term,
             executions: Arc::new(AtomicU64::new(0)),
+            rows: Arc::new(AtomicU64::new(0)),
         });
         Ok(Transformed::yes(replace_children_if_necessary(
             node,
@@ -128,12 +140,14 @@ pub fn limit_iterations(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn Executio
 }
 
 /// A recursive term that counts its executions (one per iteration; the
-/// count is shared by the copies made when its state is reset) and fails
-/// the first one past the session's bound that produces a row.
+/// count is shared by the copies made when its state is reset) and their
+/// rows, and fails the first one past the session's bound that produces a
+/// row.
 #[derive(Debug)]
 pub struct CountedTermExec {
     input: Arc<dyn ExecutionPlan>,
     executions: Arc<AtomicU64>,
+    rows: Arc<AtomicU64>,
 }
 
 impl DisplayAs for CountedTermExec {
@@ -170,6 +184,7 @@ impl ExecutionPlan for CountedTermExec {
             Ok([input]) => Ok(Arc::new(Self {
                 input,
                 executions: Arc::clone(&self.executions),
+                rows: Arc::clone(&self.rows),
             })),
             Err(_) => internal_err!("CountedTermExec has one child"),
         }
@@ -182,19 +197,23 @@ impl ExecutionPlan for CountedTermExec {
     ) -> Result<SendableRecordBatchStream> {
         let limit = IterationLimit::of(&context);
         let n = self.executions.fetch_add(1, Ordering::AcqRel) + 1;
-        IterationProgress::report(&context, n);
+        let rows = Arc::clone(&self.rows);
+        let iteration = Iteration {
+            number: n,
+            rows: rows.load(Ordering::Acquire),
+        };
+        IterationProgress::report(&context, iteration);
         let input = self.input.execute(partition, context)?;
-        if limit.check(n).is_ok() {
-            return Ok(input);
-        }
-        // Past the bound: fine if this iteration ends the recursion (no rows).
         let schema = input.schema();
         let stream = input.map(move |batch| {
             let batch = batch?;
-            match batch.num_rows() {
-                0 => Ok(batch),
-                _ => limit.check(n).map(|_| batch),
+            if batch.num_rows() > 0 {
+                // Past the bound: fine if this iteration ends the recursion
+                // (no rows).
+                limit.check(n)?;
+                rows.fetch_add(batch.num_rows() as u64, Ordering::AcqRel);
             }
+            Ok(batch)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }

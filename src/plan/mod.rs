@@ -19,7 +19,11 @@
 //! - [`shared`]: subplans read several times (the forward aggregates a
 //!   backward pass reads again) computed once per query;
 //! - [`iterate`]: recursive queries whose recursive term reads the work
-//!   table more than once (a training step's loss over its parameters).
+//!   table more than once (a training step's loss over its parameters);
+//! - [`iterations`]: the bound on a recursive query's iterations, and their
+//!   progress;
+//! - [`invariant`]: the parts of a recursive term that do not read the work
+//!   table (a training loop's data), computed once for all iterations.
 //!
 //! ```sql
 //! -- through an aggregate: d/dw avg((w·x − y)²), one value per group
@@ -32,6 +36,7 @@ pub mod broadcast;
 pub mod dml;
 pub mod expand;
 pub mod free_variables;
+pub mod invariant;
 pub mod iterate;
 pub mod iterations;
 pub mod lineage;

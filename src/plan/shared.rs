@@ -322,6 +322,12 @@ impl SharedExec {
         }
     }
 
+    /// Whether the input reads the rows of a recursive query's previous
+    /// iteration (and is computed again in each iteration).
+    pub(crate) fn reads_iterations(&self) -> bool {
+        !self.iterations.is_empty()
+    }
+
     /// The iteration the recursive queries around are in (0 outside any).
     fn iteration(&self) -> u64 {
         let counts = self.iterations.iter().map(|i| i.load(Ordering::Acquire));

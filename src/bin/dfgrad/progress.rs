@@ -1,4 +1,5 @@
-//! The progress line of a running recursive query: `iteration N, T s` on
+//! The progress line of a running recursive query: `iteration N, R rows,
+//! T s` (R: the rows its iterations produced so far) on
 //! stderr while it runs, when stderr is a terminal (nothing otherwise),
 //! cleared when the statement ends.
 
@@ -7,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datafusion::prelude::SessionConfig;
-use datafusion_grad::plan::iterations::IterationProgress;
+use datafusion_grad::plan::iterations::{Iteration, IterationProgress};
 
 /// How often the line is redrawn.
 const EVERY: Duration = Duration::from_millis(200);
@@ -46,8 +47,8 @@ pub(crate) fn finish() {
     }
 }
 
-/// Iteration `n` of a recursive query starts.
-fn draw(n: u64) {
+/// An iteration of a recursive query starts.
+fn draw(iteration: Iteration) {
     let mut running = RUNNING.lock().expect("progress lock");
     let Some(r) = running.as_mut() else {
         return;
@@ -62,7 +63,9 @@ fn draw(n: u64) {
         let mut err = std::io::stderr();
         let _ = write!(
             err,
-            "\r\x1b[Krecursive query: iteration {n}, {:.1} s",
+            "\r\x1b[Krecursive query: iteration {}, {} rows, {:.1} s",
+            iteration.number,
+            iteration.rows,
             (now - r.start).as_secs_f64()
         );
         let _ = err.flush();

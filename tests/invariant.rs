@@ -1,0 +1,295 @@
+//! Loop-invariant data of recursive queries (`datafusion_grad::plan::invariant`):
+//! every loop gives the same rows with the data kept as when it is read in
+//! every iteration (`datafusion_grad.cache_loop_invariants = false`), the data
+//! side is computed in one iteration only (counted by a function it calls),
+//! a pool too small for the data falls back to reading it every iteration, and
+//! data that arrives in one partition is spread over the cores.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{Array, ArrayRef, Float64Array};
+use datafusion::arrow::datatypes::DataType;
+use datafusion::common::cast::as_float64_array;
+use datafusion::error::Result;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::logical_expr::{
+    ColumnarValue, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+use datafusion::physical_plan::{displayable, ExecutionPlan};
+use datafusion::prelude::*;
+
+/// `tick(x)` = `x`, counting the rows it is called on (and `volatile_tick`,
+/// the same declared volatile).
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct Tick {
+    signature: Signature,
+    name: &'static str,
+}
+
+static TICKS: AtomicUsize = AtomicUsize::new(0);
+
+impl ScalarUDFImpl for Tick {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+    fn return_type(&self, _: &[DataType]) -> Result<DataType> {
+        Ok(DataType::Float64)
+    }
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let array = args.args[0].to_array(args.number_rows)?;
+        TICKS.fetch_add(array.len(), Ordering::SeqCst);
+        let values: &Float64Array = as_float64_array(&array)?;
+        Ok(ColumnarValue::Array(Arc::new(values.clone()) as ArrayRef))
+    }
+}
+
+/// Our session with `partitions` target partitions (and a memory pool of
+/// `memory` bytes where given), the `tick` function, and the data: `d`, a
+/// Parquet file of 40,000 points written as one row group.
+async fn session(
+    dir: &std::path::Path,
+    partitions: usize,
+    memory: Option<usize>,
+) -> Result<SessionContext> {
+    let config = SessionConfig::new().with_target_partitions(partitions);
+    let mut runtime = RuntimeEnvBuilder::new();
+    if let Some(bytes) = memory {
+        runtime = runtime.with_memory_limit(bytes, 1.0);
+    }
+    let ctx = SessionContext::new_with_config_rt(config, runtime.build_arc()?);
+    datafusion_grad::register(&ctx);
+    for (name, volatility) in [
+        ("tick", Volatility::Immutable),
+        ("volatile_tick", Volatility::Volatile),
+    ] {
+        ctx.register_udf(ScalarUDF::new_from_impl(Tick {
+            signature: Signature::exact(vec![DataType::Float64], volatility),
+            name,
+        }));
+    }
+    let file = dir.join("d.parquet");
+    if !file.exists() {
+        ctx.sql(&format!(
+            "COPY (SELECT CAST(value AS DOUBLE) / 40000.0 - 0.5 AS x,
+                          sin(value * 0.37) + 2.0 * (CAST(value AS DOUBLE) / 40000.0) AS y,
+                          value % 4 AS g
+                   FROM generate_series(1, 40000))
+             TO '{}' STORED AS PARQUET OPTIONS ('format.max_row_group_size' '1000000')",
+            file.display()
+        ))
+        .await?
+        .collect()
+        .await?;
+    }
+    ctx.register_parquet("d", file.to_str().unwrap(), ParquetReadOptions::default())
+        .await?;
+    ctx.sql("CREATE TABLE k(g BIGINT, scale DOUBLE) AS VALUES (0, 1.0), (1, 0.5), (2, 2.0)")
+        .await?
+        .collect()
+        .await?;
+    Ok(ctx)
+}
+
+/// Training loops and other recursions whose recursive terms read `d`, and
+/// whether the plan must keep a part of it (`false`: it may, or not: a
+/// hash join's dynamic filter on `d`, DataFusion's own hoisting of an
+/// uncorrelated subquery).
+const LOOPS: &[(&str, bool)] = &[
+    // gradient descent, the derivative through the aggregate
+    (
+        "WITH RECURSIVE fit(step, w, b) AS (
+       SELECT 0, 0.0 AS w, 0.0 AS b
+       UNION ALL
+       SELECT step + 1,
+              w - 0.5 * grad(avg(power(w * x + b - y, 2)), w),
+              b - 0.5 * grad(avg(power(w * x + b - y, 2)), b)
+       FROM fit CROSS JOIN d WHERE step < 12 GROUP BY step, w, b)
+     SELECT * FROM fit",
+        true,
+    ),
+    // the data filtered, projected and joined with a table before the loop uses it
+    (
+        "WITH RECURSIVE fit(step, w) AS (
+       SELECT 0, 1.0
+       UNION ALL
+       SELECT step + 1, w - 0.1 * avg((w * x * scale - y) * x * scale)
+       FROM fit CROSS JOIN (SELECT x, y, scale FROM d JOIN k ON d.g = k.g WHERE x > -0.4)
+       WHERE step < 8 GROUP BY step, w)
+     SELECT * FROM fit",
+        true,
+    ),
+    // a hash join of the work table with the data
+    (
+        "WITH RECURSIVE s(step, g, v) AS (
+       SELECT 0, g, 0.0 FROM k
+       UNION ALL
+       SELECT s.step + 1, s.g, s.v + sum(d.y) / 1000.0
+       FROM s JOIN d ON s.g = d.g WHERE s.step < 5 GROUP BY s.step, s.g, s.v)
+     SELECT * FROM s",
+        false,
+    ),
+    // a scalar subquery over the data in the recursive term
+    (
+        "WITH RECURSIVE s(step, v) AS (
+       SELECT 0, 0.0
+       UNION ALL
+       SELECT step + 1, v + (SELECT max(y) FROM d WHERE x < 0.1) FROM s WHERE step < 6)
+     SELECT * FROM s",
+        false,
+    ),
+];
+
+/// The rows of `sql` in `ctx` as numbers, sorted.
+async fn rows(ctx: &SessionContext, sql: &str) -> Result<Vec<Vec<f64>>> {
+    let batches = ctx.sql(sql).await?.collect().await?;
+    let mut rows = Vec::new();
+    for batch in batches {
+        for r in 0..batch.num_rows() {
+            let row = (0..batch.num_columns())
+                .map(|c| {
+                    let column =
+                        datafusion::arrow::compute::cast(batch.column(c), &DataType::Float64)?;
+                    let column = as_float64_array(&column)?.clone();
+                    Ok(column.value(r))
+                })
+                .collect::<Result<Vec<f64>>>()?;
+            rows.push(row);
+        }
+    }
+    rows.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    Ok(rows)
+}
+
+/// The physical plan of `sql` in `ctx`, as EXPLAIN prints it.
+async fn plan(ctx: &SessionContext, sql: &str) -> Result<String> {
+    let plan: Arc<dyn ExecutionPlan> = ctx.sql(sql).await?.create_physical_plan().await?;
+    let shown = displayable(plan.as_ref()).indent(false).to_string();
+    Ok(shown)
+}
+
+fn close(a: &[Vec<f64>], b: &[Vec<f64>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(r, s)| {
+            r.iter()
+                .zip(s)
+                .all(|(x, y)| (x - y).abs() <= 1e-12 * x.abs().max(y.abs()).max(1.0))
+        })
+}
+
+async fn set_kept(ctx: &SessionContext, kept: bool) -> Result<()> {
+    ctx.sql(&format!(
+        "SET datafusion_grad.cache_loop_invariants = {kept}"
+    ))
+    .await?
+    .collect()
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_loop_gives_the_same_rows_with_its_data_kept() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    for partitions in [1, 4] {
+        let ctx = session(dir.path(), partitions, None).await?;
+        for &(sql, must_keep) in LOOPS {
+            set_kept(&ctx, false).await?;
+            let read = rows(&ctx, sql).await?;
+            assert!(
+                !plan(&ctx, sql).await?.contains("LoopInvariantExec"),
+                "{sql}"
+            );
+            set_kept(&ctx, true).await?;
+            let kept = rows(&ctx, sql).await?;
+            let shown = plan(&ctx, sql).await?;
+            assert!(!must_keep || shown.contains("LoopInvariantExec"), "{shown}");
+            assert!(close(&read, &kept), "{sql}\n{read:?}\n{kept:?}");
+            assert!(read.len() > 3, "{sql}");
+        }
+    }
+    Ok(())
+}
+
+/// Sum of `tick` calls made while `sql` runs in `ctx`.
+async fn ticks(ctx: &SessionContext, sql: &str) -> Result<(usize, Vec<Vec<f64>>)> {
+    let before = TICKS.load(Ordering::SeqCst);
+    let rows = rows(ctx, sql).await?;
+    Ok((TICKS.load(Ordering::SeqCst) - before, rows))
+}
+
+const TICKING: &str = "WITH RECURSIVE fit(step, w) AS (
+       SELECT 0, 0.0
+       UNION ALL
+       SELECT step + 1, w - 0.5 * grad(avg(power(w * tx - y, 2)), w)
+       FROM fit CROSS JOIN (SELECT tick(x) AS tx, y FROM d) WHERE step < 10
+       GROUP BY step, w)
+     SELECT * FROM fit";
+
+#[tokio::test]
+async fn the_data_side_is_computed_in_one_iteration() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = session(dir.path(), 2, None).await?;
+    // One test at a time counts: the counter is shared by the test binary.
+    let _lock = COUNTING.lock().await;
+    let (kept_ticks, kept) = ticks(&ctx, TICKING).await?;
+    set_kept(&ctx, false).await?;
+    let (read_ticks, read) = ticks(&ctx, TICKING).await?;
+    assert_eq!(kept_ticks, 40_000);
+    // the recursive term runs 11 times (the last one ends the recursion)
+    assert_eq!(read_ticks, 11 * 40_000);
+    assert!(close(&kept, &read));
+    Ok(())
+}
+
+#[tokio::test]
+async fn data_too_large_for_the_memory_pool_is_read_in_every_iteration() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let unbounded = session(dir.path(), 2, None).await?;
+    // 40,000 rows of two doubles (640 kB kept) do not fit in 256 kB.
+    let small = session(dir.path(), 2, Some(256 * 1024)).await?;
+    let _lock = COUNTING.lock().await;
+    let (small_ticks, in_small) = ticks(&small, TICKING).await?;
+    let (_, expected) = ticks(&unbounded, TICKING).await?;
+    // every iteration computes it (the first one also the part it
+    // collected before the pool ran out)
+    assert!(
+        (11 * 40_000..12 * 40_000).contains(&small_ticks),
+        "{small_ticks}"
+    );
+    assert!(close(&in_small, &expected));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_volatile_data_side_is_computed_in_every_iteration() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = session(dir.path(), 2, None).await?;
+    let sql = "WITH RECURSIVE s(step, v) AS (
+         SELECT 0, 0.0
+         UNION ALL
+         SELECT step + 1, max(r) FROM s CROSS JOIN (SELECT x + random() AS r FROM d)
+         WHERE step < 4 GROUP BY step)
+       SELECT count(DISTINCT v) FROM s WHERE step > 0";
+    // four draws, not one replayed (the file's scan below may be kept)
+    assert_eq!(rows(&ctx, sql).await?, vec![vec![4.0]]);
+    let _lock = COUNTING.lock().await;
+    let volatile = TICKING.replace("tick(x)", "volatile_tick(x)");
+    let (count, _) = ticks(&ctx, &volatile).await?;
+    assert_eq!(count, 11 * 40_000);
+    Ok(())
+}
+
+#[tokio::test]
+async fn data_in_one_partition_is_spread_over_the_cores() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = session(dir.path(), 4, None).await?;
+    let shown = plan(&ctx, LOOPS[0].0).await?;
+    assert!(shown.contains("LoopInvariantExec: partitions=4"), "{shown}");
+    Ok(())
+}
+
+/// Serializes the tests that count `tick` calls.
+static COUNTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
