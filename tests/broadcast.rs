@@ -23,6 +23,24 @@ const SETUP: &[&str] = &[
 
 /// (query, whether the rule must replace an aggregate in it)
 const QUERIES: &[(&str, bool)] = &[
+    // the aggregate read by a join (its final step stays DataFusion's)
+    (
+        "SELECT a.k, a.s, l.w FROM (SELECT k, sum(x) AS s FROM l CROSS JOIN r GROUP BY k) a
+         JOIN l ON a.k = l.k",
+        true,
+    ),
+    // tensor keys (grouped by their row encoding, given back as they are)
+    (
+        "SELECT v, k, sum(x * w), count(*) FROM (SELECT k, w, make_array(w, -w) AS v FROM l)
+         CROSS JOIN r GROUP BY v, k",
+        true,
+    ),
+    (
+        "SELECT v, s, sum(x * w) FROM (SELECT s, w,
+             arrow_cast(make_array(w, w * w, k), 'FixedSizeList(3, Float64)') AS v FROM l)
+         CROSS JOIN r GROUP BY v, s",
+        true,
+    ),
     (
         "SELECT k, w, sum(w * x), avg(y - w), count(*), min(x * w), max(y),
                 var_samp(x * w), stddev_pop(y), median(x)
@@ -196,13 +214,28 @@ async fn aggregates_with_a_groups_state_of_their_own() -> Result<()> {
 #[tokio::test]
 async fn partial_and_single_modes() -> Result<()> {
     let sql = "SELECT k, sum(x) FROM l CROSS JOIN r GROUP BY k";
+    // several partitions: the partial and the final aggregate in one
+    // operator, which merges its partitions' accumulators
     let many = plan_text(&session(true, 3).await?, sql).await?;
     assert!(
-        many.contains("BroadcastAggregateExec: mode=Partial"),
+        many.contains("BroadcastAggregateExec: mode=Single")
+            && many.contains("merging 3 partitions")
+            && !many.contains("AggregateExec: mode=Final"),
         "{many}"
     );
     let one = plan_text(&session(true, 1).await?, sql).await?;
     assert!(one.contains("BroadcastAggregateExec: mode=Single"), "{one}");
+    // under a join, which reads the final aggregate's partitions as they
+    // are: only the partial aggregate is replaced
+    let joined =
+        "SELECT a.k, a.s, l.w FROM (SELECT k, sum(x) AS s FROM l CROSS JOIN r GROUP BY k) a
+                  JOIN l ON a.k = l.k";
+    let plan = plan_text(&session(true, 3).await?, joined).await?;
+    assert!(
+        plan.contains("BroadcastAggregateExec: mode=Partial")
+            && plan.contains("AggregateExec: mode=FinalPartitioned"),
+        "{plan}"
+    );
     Ok(())
 }
 

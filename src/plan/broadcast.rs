@@ -23,6 +23,7 @@
 //! joined batch as before), and a group is emitted only when it received a
 //! row.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -30,7 +31,9 @@ use datafusion::arrow::array::{
     new_empty_array, ArrayRef, RecordBatch, RecordBatchOptions, UInt32Array,
 };
 use datafusion::arrow::compute::{concat_batches, take};
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DataFusionError, ScalarValue};
 use datafusion::config::ConfigOptions;
@@ -39,21 +42,26 @@ use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Accumulator, EmitTo};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::expressions::Column;
-use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::group_values::new_group_values;
 use datafusion::physical_plan::aggregates::order::GroupOrdering;
 use datafusion::physical_plan::aggregates::{
-    AggregateExec, AggregateInputMode, AggregateOutputMode,
+    AggregateExec, AggregateInputMode, AggregateMode, AggregateOutputMode,
 };
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::{batch_filter, FilterExec};
 use datafusion::physical_plan::joins::CrossJoinExec;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, Time,
+};
 use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, InputOrderMode,
-    PlanProperties, SendableRecordBatchStream,
+    collect, DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
+    InputOrderMode, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
@@ -79,13 +87,15 @@ impl PhysicalOptimizerRule for BroadcastAggregate {
         if !enabled {
             return Ok(plan);
         }
-        plan.transform_up(|node| {
-            Ok(match BroadcastAggregateExec::try_from_plan(&node)? {
-                Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
-                None => Transformed::no(node),
+        let plan = plan
+            .transform_up(|node| {
+                Ok(match BroadcastAggregateExec::try_from_plan(&node)? {
+                    Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                    None => Transformed::no(node),
+                })
             })
-        })
-        .data()
+            .data()?;
+        merge_finals(plan, true).data()
     }
 
     fn name(&self) -> &str {
@@ -95,6 +105,35 @@ impl PhysicalOptimizerRule for BroadcastAggregate {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// `plan` with each final aggregate over a [`BroadcastAggregateExec`] (a
+/// partial one) merged into it, where nothing above depends on the final
+/// aggregate's partitions (`may_merge`: the plan's root, or under a
+/// coalesce, through projections and filters): the merged operator has one.
+fn merge_finals(
+    plan: Arc<dyn ExecutionPlan>,
+    may_merge: bool,
+) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    if may_merge {
+        if let Some(exec) = BroadcastAggregateExec::try_merge_final(&plan)? {
+            return Ok(Transformed::yes(Arc::new(exec)));
+        }
+    }
+    let passes = plan.downcast_ref::<ProjectionExec>().is_some()
+        || plan.downcast_ref::<FilterExec>().is_some();
+    let under = plan.downcast_ref::<CoalescePartitionsExec>().is_some() || (may_merge && passes);
+    let mut changed = false;
+    let mut children = vec![];
+    for child in plan.children() {
+        let child = merge_finals(Arc::clone(child), under)?;
+        changed |= child.transformed;
+        children.push(child.data);
+    }
+    Ok(match changed {
+        true => Transformed::yes(replace_children_if_necessary(plan, children)?),
+        false => Transformed::no(plan),
+    })
 }
 
 /// Aggregates whose ungrouped accumulator has the same intermediate state
@@ -186,7 +225,7 @@ type SharedLeft = Shared<BoxFuture<'static, std::result::Result<Arc<Left>, Arc<D
 
 /// What every partition of a [`BroadcastAggregateExec`] computes, apart
 /// from its inputs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Pass {
     /// The aggregate it replaces: schema, expressions, mode.
     aggregate: AggregateExec,
@@ -210,6 +249,8 @@ pub struct BroadcastAggregateExec {
     pass: Arc<Pass>,
     left: Arc<dyn ExecutionPlan>,
     right: Arc<dyn ExecutionPlan>,
+    /// The aggregate's (one partition where it merges a final aggregate).
+    properties: Arc<PlanProperties>,
     /// The left side of the current execution (reset by `reset_state`).
     left_data: Mutex<Option<SharedLeft>>,
     metrics: ExecutionPlanMetricsSet,
@@ -241,9 +282,20 @@ impl BroadcastAggregateExec {
         // Walk down to the cross join, collecting the operators on the way.
         let mut steps = vec![];
         let mut node = aggregate.input();
+        // A round-robin repartition on the way spreads the joined batches:
+        // the same as spreading the right side's batches (one left row's
+        // copy of a right batch stays in one batch either way).
+        let mut spread = None;
         let join = loop {
             if let Some(join) = node.downcast_ref::<CrossJoinExec>() {
                 break join;
+            } else if let Some(r) = node
+                .downcast_ref::<RepartitionExec>()
+                .filter(|r| matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)))
+                .filter(|r| !r.preserve_order() && spread.is_none())
+            {
+                spread = Some(r.partitioning().clone());
+                node = r.input();
             } else if let Some(p) = node.downcast_ref::<ProjectionExec>() {
                 let exprs = p.expr().iter().map(|e| Arc::clone(&e.expr)).collect();
                 steps.push(Step::Project(exprs, p.schema()));
@@ -300,18 +352,99 @@ impl BroadcastAggregateExec {
                 .map(|a| a.expressions())
                 .collect(),
         };
+        let right = match spread {
+            Some(partitioning) => Arc::new(RepartitionExec::try_new(
+                Arc::clone(join.right()),
+                partitioning,
+            )?) as Arc<dyn ExecutionPlan>,
+            None => Arc::clone(join.right()),
+        };
+        let properties = Arc::clone(aggregate.properties());
         Ok(Some(Self::new(
             Arc::new(pass),
             Arc::clone(join.left()),
-            Arc::clone(join.right()),
+            right,
+            properties,
         )))
     }
 
-    fn new(pass: Arc<Pass>, left: Arc<dyn ExecutionPlan>, right: Arc<dyn ExecutionPlan>) -> Self {
+    /// `Some` when `plan` is the final aggregate over a partial one this
+    /// operator computes (through the repartition between them): one
+    /// operator for both, which merges its right partitions' accumulators
+    /// itself, so the group keys (a training loop's parameters, tensors
+    /// among them) are never hashed or encoded again.
+    fn try_merge_final(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Self>> {
+        let Some(last) = plan.downcast_ref::<AggregateExec>() else {
+            return Ok(None);
+        };
+        if !matches!(
+            last.mode(),
+            AggregateMode::Final | AggregateMode::FinalPartitioned
+        ) || last.limit_options().is_some()
+            || last.properties().output_ordering().is_some()
+        {
+            return Ok(None);
+        }
+        let mut input = last.input();
+        if let Some(r) = input.downcast_ref::<RepartitionExec>() {
+            input = r.input();
+        } else if let Some(c) = input.downcast_ref::<CoalescePartitionsExec>() {
+            input = c.input();
+        }
+        let Some(partial) = input.downcast_ref::<BroadcastAggregateExec>() else {
+            return Ok(None);
+        };
+        let first = &partial.pass.aggregate;
+        if first.mode().output_mode() != AggregateOutputMode::Partial {
+            return Ok(None);
+        }
+        let single = AggregateExec::try_new(
+            AggregateMode::Single,
+            first.group_expr().clone(),
+            first.aggr_expr().to_vec(),
+            first.filter_expr().to_vec(),
+            Arc::clone(first.input()),
+            first.input_schema(),
+        )?;
+        if single.schema().fields() != last.schema().fields() {
+            return Ok(None);
+        }
+        let pass = Pass {
+            aggregate: single,
+            ..partial.pass.as_ref().clone()
+        };
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(last.schema()),
+            Partitioning::UnknownPartitioning(1),
+            last.properties().emission_type,
+            last.properties().boundedness,
+        ));
+        Ok(Some(Self::new(
+            Arc::new(pass),
+            Arc::clone(&partial.left),
+            Arc::clone(&partial.right),
+            properties,
+        )))
+    }
+
+    /// Whether this operator merges all right partitions into one output.
+    fn merges(&self) -> bool {
+        self.pass.aggregate.mode().output_mode() != AggregateOutputMode::Partial
+            && self.properties.partitioning.partition_count() == 1
+            && self.right.output_partitioning().partition_count() > 1
+    }
+
+    fn new(
+        pass: Arc<Pass>,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        properties: Arc<PlanProperties>,
+    ) -> Self {
         Self {
             pass,
             left,
             right,
+            properties,
             left_data: Mutex::new(None),
             metrics: ExecutionPlanMetricsSet::new(),
         }
@@ -342,12 +475,77 @@ impl BroadcastAggregateExec {
 impl Left {
     /// Groups the rows of `batch` by its columns `keys` with DataFusion's
     /// group values (the same equality and key normalisation as `GROUP BY`).
+    /// Nested keys (tensors) are grouped by their row encoding, DataFusion's
+    /// equality for them, and given back as they are in `batch`: decoding
+    /// them from that encoding (what `GROUP BY` does) takes a call per
+    /// element, and a training loop's parameters are tensors.
     fn new(batch: RecordBatch, keys: &[usize], key_schema: &SchemaRef) -> Result<Self> {
         let columns: Vec<ArrayRef> = keys.iter().map(|&k| Arc::clone(batch.column(k))).collect();
-        let mut groups = new_group_values(Arc::clone(key_schema), &GroupOrdering::None)?;
+        let nested: Vec<usize> = (0..columns.len())
+            .filter(|&i| columns[i].data_type().is_nested())
+            .collect();
+        if nested.is_empty() {
+            let mut groups = new_group_values(Arc::clone(key_schema), &GroupOrdering::None)?;
+            let mut group_of = vec![];
+            groups.intern(&columns, &mut group_of)?;
+            let keys = groups.emit(EmitTo::All)?;
+            return Ok(Self {
+                batch,
+                group_of,
+                keys,
+            });
+        }
+        // The nested keys' distinct values, numbered; each row's number.
+        let converter = RowConverter::new(
+            nested
+                .iter()
+                .map(|&i| SortField::new(columns[i].data_type().clone()))
+                .collect(),
+        )?;
+        let encoded = converter.convert_columns(
+            &nested
+                .iter()
+                .map(|&i| Arc::clone(&columns[i]))
+                .collect::<Vec<_>>(),
+        )?;
+        let mut numbers = HashMap::new();
+        let mut first_row = vec![];
+        let number: UInt32Array = (0..batch.num_rows())
+            .map(|row| {
+                *numbers.entry(encoded.row(row)).or_insert_with(|| {
+                    first_row.push(row as u32);
+                    first_row.len() as u32 - 1
+                })
+            })
+            .collect();
+        // The plain keys and that number grouped by DataFusion.
+        let mut fields: Vec<_> = (0..columns.len())
+            .filter(|i| !nested.contains(i))
+            .map(|i| key_schema.field(i).clone())
+            .collect();
+        fields.push(Field::new("__nested", DataType::UInt32, false));
+        let mut grouped: Vec<ArrayRef> = (0..columns.len())
+            .filter(|i| !nested.contains(i))
+            .map(|i| Arc::clone(&columns[i]))
+            .collect();
+        grouped.push(Arc::new(number));
+        let mut groups = new_group_values(Arc::new(Schema::new(fields)), &GroupOrdering::None)?;
         let mut group_of = vec![];
-        groups.intern(&columns, &mut group_of)?;
-        let keys = groups.emit(EmitTo::All)?;
+        groups.intern(&grouped, &mut group_of)?;
+        let mut emitted = groups.emit(EmitTo::All)?.into_iter();
+        let numbers = emitted.next_back().expect("the number column");
+        let numbers = numbers
+            .as_any()
+            .downcast_ref::<UInt32Array>()
+            .expect("the number column is UInt32");
+        let rows =
+            UInt32Array::from_iter_values(numbers.values().iter().map(|&n| first_row[n as usize]));
+        let keys = (0..columns.len())
+            .map(|i| match nested.contains(&i) {
+                true => Ok(take(&columns[i], &rows, None)?),
+                false => Ok(emitted.next().expect("a plain key column")),
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             batch,
             group_of,
@@ -374,6 +572,25 @@ struct Groups {
 }
 
 impl Groups {
+    /// These groups with `other`'s (of another right partition) merged in.
+    fn merge(mut self, other: Groups) -> Result<Self> {
+        for (g, accumulators) in other.accumulators.into_iter().enumerate() {
+            if !other.seen[g] {
+                continue;
+            }
+            self.seen[g] = true;
+            for (into, mut from) in self.accumulators[g].iter_mut().zip(accumulators) {
+                let state = from
+                    .state()?
+                    .iter()
+                    .map(ScalarValue::to_array)
+                    .collect::<Result<Vec<_>>>()?;
+                into.merge_batch(&state)?;
+            }
+        }
+        Ok(self)
+    }
+
     fn new(count: usize, aggregates: &[Arc<AggregateFunctionExpr>]) -> Result<Self> {
         let accumulators = (0..count)
             .map(|_| aggregates.iter().map(|a| a.create_accumulator()).collect())
@@ -461,6 +678,23 @@ impl Pass {
     }
 }
 
+/// The groups of one right partition: every batch of `right` fed in.
+async fn accumulate(
+    pass: &Pass,
+    left: &Left,
+    mut right: SendableRecordBatchStream,
+    time: &Time,
+) -> Result<Groups> {
+    let groups = left.keys.first().map_or(0, |k| k.len());
+    let mut groups = Groups::new(groups, pass.aggregate.aggr_expr())?;
+    while let Some(batch) = right.next().await {
+        let batch = batch?;
+        let _timer = time.timer();
+        pass.update(left, &mut groups, &batch)?;
+    }
+    Ok(groups)
+}
+
 impl DisplayAs for BroadcastAggregateExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let keys: Vec<String> = self
@@ -487,6 +721,10 @@ impl DisplayAs for BroadcastAggregateExec {
                     keys.join(", "),
                     aggregates.join(", ")
                 )?;
+                if self.merges() {
+                    let partitions = self.right.output_partitioning().partition_count();
+                    write!(f, ", merging {partitions} partitions")?;
+                }
                 if !self.pass.steps.is_empty() {
                     let steps: Vec<String> =
                         self.pass.steps.iter().map(|s| s.to_string()).collect();
@@ -505,7 +743,7 @@ impl ExecutionPlan for BroadcastAggregateExec {
     }
 
     fn properties(&self) -> &Arc<PlanProperties> {
-        self.pass.aggregate.properties()
+        &self.properties
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -547,7 +785,12 @@ impl ExecutionPlan for BroadcastAggregateExec {
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match <[_; 2]>::try_from(children) {
-            Ok([left, right]) => Ok(Arc::new(Self::new(Arc::clone(&self.pass), left, right))),
+            Ok([left, right]) => Ok(Arc::new(Self::new(
+                Arc::clone(&self.pass),
+                left,
+                right,
+                Arc::clone(&self.properties),
+            ))),
             Err(_) => internal_err!("BroadcastAggregateExec has two children"),
         }
     }
@@ -557,6 +800,7 @@ impl ExecutionPlan for BroadcastAggregateExec {
             Arc::clone(&self.pass),
             Arc::clone(&self.left),
             Arc::clone(&self.right),
+            Arc::clone(&self.properties),
         )))
     }
 
@@ -566,18 +810,49 @@ impl ExecutionPlan for BroadcastAggregateExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let left = self.left(&context);
-        let mut right = self.right.execute(partition, context)?;
+        // The right partitions this output reads: all of them where it
+        // merges a final aggregate.
+        let partitions = match self.merges() {
+            true => (0..self.right.output_partitioning().partition_count()).collect(),
+            false => vec![partition],
+        };
+        let mut streams = partitions
+            .into_iter()
+            .map(|p| self.right.execute(p, Arc::clone(&context)))
+            .collect::<Result<Vec<_>>>()?;
         let metrics = BaselineMetrics::new(&self.metrics, partition);
         let pass = Arc::clone(&self.pass);
         let output = async move {
             let left = left.await.map_err(DataFusionError::Shared)?;
-            let groups = left.keys.first().map_or(0, |k| k.len());
-            let mut groups = Groups::new(groups, pass.aggregate.aggr_expr())?;
-            while let Some(batch) = right.next().await {
-                let batch = batch?;
-                let _timer = metrics.elapsed_compute().timer();
-                pass.update(&left, &mut groups, &batch)?;
-            }
+            let time = metrics.elapsed_compute().clone();
+            let groups = match streams.len() {
+                1 => accumulate(&pass, &left, streams.remove(0), &time).await?,
+                _ => {
+                    // each right partition on its own task, merged after
+                    let tasks: Vec<_> = streams
+                        .into_iter()
+                        .map(|stream| {
+                            let (pass, left, time) =
+                                (Arc::clone(&pass), Arc::clone(&left), time.clone());
+                            SpawnedTask::spawn(async move {
+                                accumulate(&pass, &left, stream, &time).await
+                            })
+                        })
+                        .collect();
+                    let mut merged: Option<Groups> = None;
+                    for task in tasks {
+                        let groups = task
+                            .join_unwind()
+                            .await
+                            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+                        merged = Some(match merged {
+                            Some(merged) => merged.merge(groups)?,
+                            None => groups,
+                        });
+                    }
+                    merged.expect("a right partition")
+                }
+            };
             let batch = pass.finish(&left, groups)?;
             metrics.record_output(batch.num_rows());
             metrics.done();
