@@ -50,7 +50,6 @@ use datafusion::physical_plan::aggregates::{
     AggregateExec, AggregateInputMode, AggregateMode, AggregateOutputMode,
 };
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::{batch_filter, FilterExec};
 use datafusion::physical_plan::joins::CrossJoinExec;
 use datafusion::physical_plan::metrics::{
@@ -66,6 +65,7 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
+use super::{rewrite_down, Visit};
 use crate::options::GradOptions;
 
 /// The physical optimizer rule that installs [`BroadcastAggregateExec`]
@@ -115,25 +115,22 @@ fn merge_finals(
     plan: Arc<dyn ExecutionPlan>,
     may_merge: bool,
 ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
-    if may_merge {
-        if let Some(exec) = BroadcastAggregateExec::try_merge_final(&plan)? {
-            return Ok(Transformed::yes(Arc::new(exec)));
-        }
-    }
-    let passes = plan.downcast_ref::<ProjectionExec>().is_some()
-        || plan.downcast_ref::<FilterExec>().is_some();
-    let under = plan.downcast_ref::<CoalescePartitionsExec>().is_some() || (may_merge && passes);
-    let mut changed = false;
-    let mut children = vec![];
-    for child in plan.children() {
-        let child = merge_finals(Arc::clone(child), under)?;
-        changed |= child.transformed;
-        children.push(child.data);
-    }
-    Ok(match changed {
-        true => Transformed::yes(replace_children_if_necessary(plan, children)?),
-        false => Transformed::no(plan),
-    })
+    let visit = |plan: &Arc<dyn ExecutionPlan>, may_merge: bool| {
+        let merged = match may_merge {
+            true => BroadcastAggregateExec::try_merge_final(plan)?,
+            false => None,
+        };
+        Ok(match merged {
+            Some(exec) => Visit::Replace(Arc::new(exec)),
+            None => Visit::Descend,
+        })
+    };
+    let pass_on = |plan: &Arc<dyn ExecutionPlan>, _: usize, may_merge: bool| {
+        let passes = plan.downcast_ref::<ProjectionExec>().is_some()
+            || plan.downcast_ref::<FilterExec>().is_some();
+        plan.downcast_ref::<CoalescePartitionsExec>().is_some() || (may_merge && passes)
+    };
+    rewrite_down(plan, may_merge, &visit, &pass_on)
 }
 
 /// Aggregates whose ungrouped accumulator has the same intermediate state

@@ -75,6 +75,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::iterate::{IterateExec, IterationScanExec};
 use super::shared::SharedExec;
+use super::{rewrite_down, Visit};
 use crate::options::GradOptions;
 
 /// The physical optimizer rule that keeps the loop-invariant parts of
@@ -137,33 +138,20 @@ fn keep_invariants(
     cores: usize,
     may_widen: bool,
 ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
-    if plan.downcast_ref::<LoopInvariantExec>().is_some() {
-        // Kept already (a recursive query inside this one's term).
-        return Ok(Transformed::no(plan));
-    }
-    if is_invariant(&plan) {
-        return Ok(match worth_keeping(&plan, cores, may_widen) {
-            true => Transformed::yes(Arc::new(LoopInvariantExec::new(plan, cores, may_widen))),
-            false => Transformed::no(plan),
-        });
-    }
-    let mut changed = false;
-    let mut children = Vec::new();
-    for (i, child) in plan.children().into_iter().enumerate() {
-        let kept = keep_invariants(
-            Arc::clone(child),
-            cores,
-            child_may_widen(&plan, i, may_widen),
-        )?;
-        changed |= kept.transformed;
-        children.push(kept.data);
-    }
-    Ok(match changed {
-        // Rebuilt: a parent whose child now has more partitions recomputes
-        // its own.
-        true => Transformed::yes(replace_children_if_necessary(plan, children)?),
-        false => Transformed::no(plan),
-    })
+    let visit = |plan: &Arc<dyn ExecutionPlan>, may_widen: bool| {
+        Ok(if plan.downcast_ref::<LoopInvariantExec>().is_some() {
+            // Kept already (a recursive query inside this one's term).
+            Visit::Stop
+        } else if !is_invariant(plan) {
+            Visit::Descend
+        } else if worth_keeping(plan, cores, may_widen) {
+            let plan = Arc::clone(plan);
+            Visit::Replace(Arc::new(LoopInvariantExec::new(plan, cores, may_widen)))
+        } else {
+            Visit::Stop
+        })
+    };
+    rewrite_down(plan, may_widen, &visit, &child_may_widen)
 }
 
 /// Whether child `i` of `parent` may get more partitions, or its rows

@@ -43,7 +43,61 @@ pub mod lineage;
 pub mod reverse;
 pub mod shared;
 
+use std::sync::Arc;
+
+use datafusion::common::tree_node::Transformed;
+use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::ExecutionPlan;
+
+/// What a top-down rewrite of a physical plan ([`rewrite_down`]) does at
+/// one node.
+pub(crate) enum Visit {
+    /// Puts this plan in the node's place.
+    Replace(Arc<dyn ExecutionPlan>),
+    /// Leaves the node and everything under it as they are.
+    Stop,
+    /// Visits the node's children.
+    Descend,
+}
+
+/// What [`rewrite_down`] does at a node, given its parent's flag.
+pub(crate) type VisitNode<'a> = &'a dyn Fn(&Arc<dyn ExecutionPlan>, bool) -> Result<Visit>;
+
+/// The flag [`rewrite_down`] gives a node's child `i`, from the node and its
+/// own flag.
+pub(crate) type PassOn<'a> = &'a dyn Fn(&Arc<dyn ExecutionPlan>, usize, bool) -> bool;
+
+/// `plan` rewritten from its root down by `visit`, which sees each node
+/// with the flag its parent passed on (`flag` at the root); `pass_on(parent,
+/// i, flag)` is the flag of the parent's child `i`. A node whose children
+/// changed is rebuilt, its properties recomputed (a child may now have
+/// other partitions). The physical rules whose choice at a node depends on
+/// what lies above it use it.
+pub(crate) fn rewrite_down(
+    plan: Arc<dyn ExecutionPlan>,
+    flag: bool,
+    visit: VisitNode,
+    pass_on: PassOn,
+) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    match visit(&plan, flag)? {
+        Visit::Replace(new) => return Ok(Transformed::yes(new)),
+        Visit::Stop => return Ok(Transformed::no(plan)),
+        Visit::Descend => {}
+    }
+    let mut changed = false;
+    let mut children = Vec::new();
+    for (i, child) in plan.children().into_iter().enumerate() {
+        let child = rewrite_down(Arc::clone(child), pass_on(&plan, i, flag), visit, pass_on)?;
+        changed |= child.transformed;
+        children.push(child.data);
+    }
+    Ok(match changed {
+        true => Transformed::yes(replace_children_if_necessary(plan, children)?),
+        false => Transformed::no(plan),
+    })
+}
 
 /// `e` without its top-level aliases.
 pub(crate) fn unalias(e: &Expr) -> &Expr {
