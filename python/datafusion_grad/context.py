@@ -47,11 +47,12 @@ class _TqdmBar:
         self._tqdm = tqdm
         self._bar: Any = None
 
-    def __call__(self, n: int) -> None:
+    def __call__(self, n: int, rows: int) -> None:
         if self._bar is None or n <= self._bar.n:
             if self._bar is not None:
                 self._bar.close()
             self._bar = self._tqdm(desc="recursive query", unit="iteration")
+        self._bar.set_postfix(rows=rows, refresh=False)
         self._bar.update(n - self._bar.n)
 
 
@@ -70,9 +71,13 @@ class SessionContext:
     def __init__(self) -> None:
         self._raw = _internal.SessionContext()
 
-    def set_progress(self, callback: Callable[[int], object] | str | None) -> None:
+    def set_progress(
+        self, callback: Callable[..., object] | str | None, rows: bool = False
+    ) -> None:
         """Calls ``callback(n)`` as iteration ``n`` (from 1) of a recursive
-        query starts, e.g. to show a training loop's progress; ``"tqdm"``
+        query starts, e.g. to show a training loop's progress (with
+        ``rows=True``: ``callback(n, rows)``, ``rows`` being the rows the
+        iterations before it produced); ``"tqdm"``
         shows a tqdm progress bar per recursive query instead (``tqdm`` must
         be installed); ``None`` removes it. An exception the callback raises
         is reported as unraisable (``sys.unraisablehook``), not raised into
@@ -87,13 +92,20 @@ class SessionContext:
         {'m': [3]}
         >>> seen  # the 4th iteration produces no row: the recursion ends
         [1, 2, 3, 4]
+        >>> seen.clear()
+        >>> ctx.set_progress(lambda n, rows: seen.append((n, rows)), rows=True)
+        >>> ctx.sql("WITH RECURSIVE r(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+        ...         "SELECT max(n) AS m FROM r").to_pydict()
+        {'m': [3]}
+        >>> seen
+        [(1, 0), (2, 1), (3, 2), (4, 3)]
         """
         if isinstance(callback, str):
             if callback != "tqdm":
                 msg = f"set_progress takes a callable, 'tqdm' or None, got {callback!r}"
                 raise ValueError(msg)
-            callback = _TqdmBar()
-        self._raw.set_progress(callback)
+            callback, rows = _TqdmBar(), True
+        self._raw.set_progress(callback, rows)
 
     def sql(self, query: str) -> DataFrame:
         """Plans ``query``. DDL (CREATE TABLE/VIEW, DROP) runs at once; a

@@ -38,15 +38,21 @@ impl PySessionContext {
         }
     }
 
-    /// Calls `callback(n)` as iteration `n` (from 1) of a recursive query
-    /// starts (a training loop's progress); `None` removes it. An exception
-    /// it raises is reported as unraisable, not raised into the query.
-    #[pyo3(signature = (callback))]
-    fn set_progress(&self, callback: Option<PyObject>) {
+    /// Calls `callback(n)` (`callback(n, rows)` with `rows`) as iteration
+    /// `n` (from 1) of a recursive query starts (a training loop's
+    /// progress; `rows`: the rows the iterations before it produced);
+    /// `None` removes it. An exception it raises is reported as
+    /// unraisable, not raised into the query.
+    #[pyo3(signature = (callback, rows = false))]
+    fn set_progress(&self, callback: Option<PyObject>, rows: bool) {
         let report: Arc<dyn Fn(Iteration) + Send + Sync> = match callback {
             Some(callback) => Arc::new(move |iteration: Iteration| {
                 Python::with_gil(|py| {
-                    if let Err(e) = callback.call1(py, (iteration.number,)) {
+                    let called = match rows {
+                        true => callback.call1(py, (iteration.number, iteration.rows)),
+                        false => callback.call1(py, (iteration.number,)),
+                    };
+                    if let Err(e) = called {
                         e.write_unraisable(py, None);
                     }
                 })

@@ -179,6 +179,6 @@ def test_progress_as_a_tqdm_bar(capsys):
     assert ctx.sql(loop).to_pydict() == {"m": [25]}
     assert ctx.sql(loop).to_pydict() == {"m": [25]}
     err = capsys.readouterr().err
-    assert "recursive query" in err and "26" in err
+    assert "recursive query" in err and "26" in err and "rows=25" in err
     with pytest.raises(ValueError, match="'tqdm' or None"):
         ctx.set_progress("bar")
