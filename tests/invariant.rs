@@ -132,6 +132,16 @@ const LOOPS: &[(&str, bool)] = &[
      SELECT * FROM s",
         false,
     ),
+    // the work table read twice (our own iteration, `IterateExec`)
+    (
+        "WITH RECURSIVE fit(step, w) AS (
+       SELECT 0, 0.0 AS w
+       UNION ALL
+       SELECT step + 1, w - 0.5 * avg((w * x - y) * x) - 0.01 * (SELECT max(w) FROM fit)
+       FROM fit CROSS JOIN d WHERE step < 6 GROUP BY step, w)
+     SELECT * FROM fit",
+        true,
+    ),
     // a scalar subquery over the data in the recursive term
     (
         "WITH RECURSIVE s(step, v) AS (
