@@ -206,6 +206,28 @@ impl fmt::Display for Step {
     }
 }
 
+/// A number for each row of `columns`, equal where the rows' values are
+/// (by their row encoding, DataFusion's equality for nested values), and
+/// the first row of each number.
+fn number_values(columns: &[ArrayRef]) -> Result<(UInt32Array, Vec<u32>)> {
+    let fields = columns
+        .iter()
+        .map(|c| SortField::new(c.data_type().clone()))
+        .collect();
+    let encoded = RowConverter::new(fields)?.convert_columns(columns)?;
+    let mut numbers = HashMap::new();
+    let mut first_row = vec![];
+    let number = (0..encoded.num_rows())
+        .map(|row| {
+            *numbers.entry(encoded.row(row)).or_insert_with(|| {
+                first_row.push(row as u32);
+                first_row.len() as u32 - 1
+            })
+        })
+        .collect();
+    Ok((number, first_row))
+}
+
 /// The left side, collected once per execution and shared by all output
 /// partitions, with its rows grouped by the aggregate's keys.
 #[derive(Debug)]
@@ -478,69 +500,48 @@ impl Left {
     /// element, and a training loop's parameters are tensors.
     fn new(batch: RecordBatch, keys: &[usize], key_schema: &SchemaRef) -> Result<Self> {
         let columns: Vec<ArrayRef> = keys.iter().map(|&k| Arc::clone(batch.column(k))).collect();
-        let nested: Vec<usize> = (0..columns.len())
-            .filter(|&i| columns[i].data_type().is_nested())
-            .collect();
-        if nested.is_empty() {
-            let mut groups = new_group_values(Arc::clone(key_schema), &GroupOrdering::None)?;
-            let mut group_of = vec![];
-            groups.intern(&columns, &mut group_of)?;
-            let keys = groups.emit(EmitTo::All)?;
-            return Ok(Self {
-                batch,
-                group_of,
-                keys,
-            });
-        }
-        // The nested keys' distinct values, numbered; each row's number.
-        let converter = RowConverter::new(
-            nested
-                .iter()
-                .map(|&i| SortField::new(columns[i].data_type().clone()))
-                .collect(),
-        )?;
-        let encoded = converter.convert_columns(
-            &nested
-                .iter()
-                .map(|&i| Arc::clone(&columns[i]))
-                .collect::<Vec<_>>(),
-        )?;
-        let mut numbers = HashMap::new();
-        let mut first_row = vec![];
-        let number: UInt32Array = (0..batch.num_rows())
-            .map(|row| {
-                *numbers.entry(encoded.row(row)).or_insert_with(|| {
-                    first_row.push(row as u32);
-                    first_row.len() as u32 - 1
-                })
-            })
-            .collect();
-        // The plain keys and that number grouped by DataFusion.
-        let mut fields: Vec<_> = (0..columns.len())
-            .filter(|i| !nested.contains(i))
-            .map(|i| key_schema.field(i).clone())
-            .collect();
-        fields.push(Field::new("__nested", DataType::UInt32, false));
-        let mut grouped: Vec<ArrayRef> = (0..columns.len())
-            .filter(|i| !nested.contains(i))
-            .map(|i| Arc::clone(&columns[i]))
-            .collect();
-        grouped.push(Arc::new(number));
+        let nested = |i: &usize| columns[*i].data_type().is_nested();
+        // The plain keys, and a number per distinct value of the nested
+        // ones, grouped by DataFusion.
+        let plain: Vec<usize> = (0..columns.len()).filter(|i| !nested(i)).collect();
+        let mut fields: Vec<Field> = plain.iter().map(|&i| key_schema.field(i).clone()).collect();
+        let mut grouped: Vec<ArrayRef> = plain.iter().map(|&i| Arc::clone(&columns[i])).collect();
+        let numbered = match plain.len() < columns.len() {
+            true => {
+                let nested: Vec<ArrayRef> = (0..columns.len())
+                    .filter(nested)
+                    .map(|i| Arc::clone(&columns[i]))
+                    .collect();
+                let (number, first_row) = number_values(&nested)?;
+                fields.push(Field::new("__nested", DataType::UInt32, false));
+                grouped.push(Arc::new(number));
+                Some(first_row)
+            }
+            false => None,
+        };
         let mut groups = new_group_values(Arc::new(Schema::new(fields)), &GroupOrdering::None)?;
         let mut group_of = vec![];
         groups.intern(&grouped, &mut group_of)?;
         let mut emitted = groups.emit(EmitTo::All)?.into_iter();
-        let numbers = emitted.next_back().expect("the number column");
-        let numbers = numbers
-            .as_any()
-            .downcast_ref::<UInt32Array>()
-            .expect("the number column is UInt32");
-        let rows =
-            UInt32Array::from_iter_values(numbers.values().iter().map(|&n| first_row[n as usize]));
+        // Each group's first left row, where nested keys are taken from it.
+        let rows = match numbered {
+            Some(first_row) => {
+                let numbers = emitted.next_back().expect("the number column");
+                let numbers = numbers
+                    .as_any()
+                    .downcast_ref::<UInt32Array>()
+                    .expect("the number column is UInt32")
+                    .clone();
+                Some(UInt32Array::from_iter_values(
+                    numbers.values().iter().map(|&n| first_row[n as usize]),
+                ))
+            }
+            None => None,
+        };
         let keys = (0..columns.len())
-            .map(|i| match nested.contains(&i) {
-                true => Ok(take(&columns[i], &rows, None)?),
-                false => Ok(emitted.next().expect("a plain key column")),
+            .map(|i| match &rows {
+                Some(rows) if nested(&i) => Ok(take(&columns[i], rows, None)?),
+                _ => Ok(emitted.next().expect("a plain key column")),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {

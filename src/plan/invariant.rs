@@ -237,7 +237,12 @@ fn worth_keeping(plan: &Arc<dyn ExecutionPlan>, cores: usize, may_widen: bool) -
                 .iter()
                 .map(|p| p.iter().map(RecordBatch::num_rows).sum())
                 .collect();
-            spreadable && uneven(&rows, cores.max(rows.len()))
+            // the partitions LoopInvariantExec::new gives it
+            let outputs = match may_widen {
+                true => cores.max(rows.len()),
+                false => rows.len(),
+            };
+            spreadable && uneven(&rows, outputs)
         }
         None => true,
     }
