@@ -7,6 +7,8 @@
 //! SET datafusion_grad.cache_loop_invariants = false;
 //! SET datafusion_grad.ballista_timeout_seconds = 3600;
 //! SET datafusion_grad.max_iterations = 1000000;
+//! SET datafusion_grad.recursion_mode = 'reverse';
+//! SET datafusion_grad.checkpoint_every = 10;
 //! ```
 //!
 //! This module is a leaf: it imports nothing from the rest of the crate, and
@@ -46,6 +48,17 @@ extensions_options! {
         /// before it fails with an `iteration_limit` error (a stop
         /// condition never met); 0: no bound.
         pub max_iterations: u64, default = 100_000
+        /// How derivatives through a recursive query's iterations are taken:
+        /// auto (reverse mode where the variable flows into a tensor column,
+        /// forward mode otherwise), forward (tangent columns carried through
+        /// the iterations) or reverse (the iterations replayed backwards).
+        pub recursion_mode: RecursionMode, default = RecursionMode::Auto
+        /// In reverse mode through a recursive query, every how many
+        /// iterations a state is kept while the iterations are replayed
+        /// (the others are recomputed from the one kept before them);
+        /// 0: about the square root of the iteration count, so memory grows
+        /// like √T states; 1: every state.
+        pub checkpoint_every: u64, default = 0
     }
 }
 
@@ -126,6 +139,75 @@ impl ConfigField for Device {
         if !key.is_empty() {
             return Err(DataFusionError::Configuration(format!(
                 "datafusion_grad.tensor_device has no field {key}"
+            )));
+        }
+        *self = value.parse()?;
+        Ok(())
+    }
+}
+
+/// How derivatives through a recursive query's iterations are taken: the
+/// value of the `datafusion_grad.recursion_mode` setting.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum RecursionMode {
+    /// Reverse mode where a variable flows into a tensor (or other compound)
+    /// column, forward mode otherwise.
+    #[default]
+    Auto,
+    /// Tangent columns carried through the iterations: cheap for a few
+    /// float variables.
+    Forward,
+    /// The iterations replayed backwards from each row (checkpointed, see
+    /// `checkpoint_every`): for tensor states and many variables.
+    Reverse,
+}
+
+impl RecursionMode {
+    /// The mode chosen by `options` (the default where the
+    /// `datafusion_grad` settings are not registered).
+    pub fn of(options: &ConfigOptions) -> Self {
+        options
+            .extensions
+            .get::<GradOptions>()
+            .map(|o| o.recursion_mode)
+            .unwrap_or_default()
+    }
+}
+
+impl std::str::FromStr for RecursionMode {
+    type Err = DataFusionError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(RecursionMode::Auto),
+            "forward" => Ok(RecursionMode::Forward),
+            "reverse" => Ok(RecursionMode::Reverse),
+            _ => Err(DataFusionError::Configuration(format!(
+                "datafusion_grad.recursion_mode must be one of auto, forward, reverse; got '{s}'"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for RecursionMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RecursionMode::Auto => "auto",
+            RecursionMode::Forward => "forward",
+            RecursionMode::Reverse => "reverse",
+        })
+    }
+}
+
+impl ConfigField for RecursionMode {
+    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+        v.some(key, self, description)
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        if !key.is_empty() {
+            return Err(DataFusionError::Configuration(format!(
+                "datafusion_grad.recursion_mode has no field {key}"
             )));
         }
         *self = value.parse()?;

@@ -162,6 +162,36 @@ pub(crate) fn carried_value(c: usize) -> String {
     format!("__dfgrad_value{c}")
 }
 
+/// The iteration that produced a row of a recursive CTE differentiated in
+/// reverse mode (`__dfgrad_iteration`; 0 for the static term's rows).
+pub(crate) const ITERATION_COLUMN: &str = "__dfgrad_iteration";
+
+/// A copy of column `c` of a recursive CTE's first row, carried along the
+/// rows derived from it for reverse mode to replay the iterations
+/// (`__dfgrad_initial{c}`).
+pub(crate) fn initial_column(c: usize) -> String {
+    format!("__dfgrad_initial{c}")
+}
+
+/// The cotangent of column `c` of a recursive CTE's row for the `k`-th
+/// derivative taken through its iterations in reverse mode
+/// (`__dfgrad_seed{k}_{c}`).
+pub(crate) fn seed_column(k: usize, c: usize) -> String {
+    format!("__dfgrad_seed{k}_{c}")
+}
+
+/// The cotangent of column `c` of a recursive CTE's state while its
+/// iterations are replayed backwards (`__dfgrad_adjoint{c}`).
+pub(crate) fn adjoint_column(c: usize) -> String {
+    format!("__dfgrad_adjoint{c}")
+}
+
+/// The `k`-th derivative taken through a recursive CTE's iterations in
+/// reverse mode (`__dfgrad_reverse{k}`).
+pub(crate) fn reverse_column(k: usize) -> String {
+    format!("__dfgrad_reverse{k}")
+}
+
 /// Whether `name` is a column [`tangent_column`] builds.
 pub(crate) fn is_tangent_column(name: &str) -> bool {
     name.strip_prefix("__dfgrad_tangent").is_some_and(|rest| {

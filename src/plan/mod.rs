@@ -23,13 +23,16 @@
 //! - [`iterations`]: the bound on a recursive query's iterations, and their
 //!   progress;
 //! - [`invariant`]: the parts of a recursive term that do not read the work
-//!   table (a training loop's data), computed once for all iterations.
+//!   table (a training loop's data), computed once for all iterations;
+//! - [`adjoint_loop`]: reverse mode through a recursive query's iterations
+//!   (each row's iterations replayed forwards, then backwards).
 //!
 //! ```sql
 //! -- through an aggregate: d/dw avg((w·x − y)²), one value per group
 //! SELECT g, grad(avg(power(w * x - y, 2)), w) FROM t GROUP BY g, w;
 //! ```
 
+pub mod adjoint_loop;
 pub mod analyzer;
 pub mod bindings;
 pub mod broadcast;

@@ -55,6 +55,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use futures::TryStreamExt;
 
+use super::adjoint_loop::AdjointLoopPlanner;
 use super::iterate::{iterate_loops, IteratePlanner};
 use super::iterations::limit_iterations;
 
@@ -165,10 +166,13 @@ impl QueryPlanner for SharingPlanner {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let caches = Arc::new(Caches::default());
         let plan = iterate_loops(logical_plan.clone())?;
-        let plan =
-            DefaultPhysicalPlanner::with_extension_planners(vec![caches, Arc::new(IteratePlanner)])
-                .create_physical_plan(&plan, session)
-                .await?;
+        let plan = DefaultPhysicalPlanner::with_extension_planners(vec![
+            caches,
+            Arc::new(IteratePlanner),
+            Arc::new(AdjointLoopPlanner),
+        ])
+        .create_physical_plan(&plan, session)
+        .await?;
         limit_iterations(plan)
     }
 }

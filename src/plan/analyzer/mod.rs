@@ -49,6 +49,7 @@ use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, Opt
 
 mod aggregates;
 mod recursion;
+mod reverse_recursion;
 mod subqueries;
 mod tables;
 
@@ -64,6 +65,7 @@ use super::lineage::{correlated_value_use, refuse_outer_rereads, refuse_rereads,
 use crate::engine::call::{as_marker, has_marker, into_marker, Marker, SharedRules};
 use crate::engine::{share, Layer, Workspace};
 use crate::error::{fail, ErrorKind};
+use crate::options::RecursionMode;
 use crate::reserved::{binding_prefix, Placeholder};
 
 /// Differentiates with the plan in view; see the [module docs](self).
@@ -71,9 +73,11 @@ use crate::reserved::{binding_prefix, Placeholder};
 pub struct GradAnalyzer;
 
 impl AnalyzerRule for GradAnalyzer {
-    fn analyze(&self, plan: LogicalPlan, _config: &ConfigOptions) -> Result<LogicalPlan> {
+    fn analyze(&self, plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
         refuse_outer_rereads(&plan)?;
-        let plan = plan.transform_up_with_subqueries(rewrite_node)?;
+        let plan = reverse_recursion::with_mode(RecursionMode::of(config), || {
+            plan.transform_up_with_subqueries(rewrite_node)
+        })?;
         let plan = match plan.transformed {
             true => refresh_outer_references(plan.data)?,
             false => plan.data,

@@ -31,6 +31,10 @@
 //! the CTE and the marker also pass its float values on
 //! (`__dfgrad_value{c}`), so a derived column of them is differentiated
 //! through them.
+//!
+//! Where a variable flows into a tensor column (with
+//! `datafusion_grad.recursion_mode = 'auto'`), or the setting asks for it,
+//! the markers are taken in reverse mode instead (`reverse_recursion.rs`).
 
 use std::sync::Arc;
 
@@ -46,7 +50,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::AnalyzerRule;
 
-use super::GradAnalyzer;
+use super::{reverse_recursion, GradAnalyzer};
 use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{copy_of, origin_of, parts, through_iterations, Part};
@@ -67,6 +71,9 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
     let LogicalPlan::RecursiveQuery(r) = found.cte else {
         unreachable!("found a recursive CTE")
     };
+    if reverse_recursion::chosen(r, &found.variables)? {
+        return reverse_recursion::reverse(node.clone(), input.clone(), &found);
+    }
     let tangents = Tangents::new(r, &found.variables, &found.rules)?;
     let cte = tangents.cte()?;
     let input =
@@ -145,19 +152,19 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
 
 /// The recursive CTE a node's markers differentiate through, and the
 /// variables (its column indexes) they do it for.
-struct Found<'p> {
-    cte: &'p LogicalPlan,
+pub(super) struct Found<'p> {
+    pub(super) cte: &'p LogicalPlan,
     /// The CTE's columns the markers' variables are, one tangent set each.
-    variables: Vec<usize>,
+    pub(super) variables: Vec<usize>,
     /// The marker's column of each variable.
     columns: Vec<Column>,
-    rules: SharedRules,
+    pub(super) rules: SharedRules,
 }
 
 impl Found<'_> {
     /// The tangent sets of a marker's variables `wrt` if they all are
     /// variables through the CTE; `None` if none is.
-    fn of(&self, wrt: &[Column]) -> Option<Vec<usize>> {
+    pub(super) fn of(&self, wrt: &[Column]) -> Option<Vec<usize>> {
         let sets: Vec<usize> = wrt
             .iter()
             .filter_map(|c| self.columns.iter().position(|v| v == c))
@@ -318,7 +325,8 @@ impl<'r> Tangents<'r> {
                             "derivatives through the recursive CTE `{}`: its column `{}` \
                              ({t}) is computed from the variable `{}` through the \
                              iterations; forward mode carries float columns only (reverse \
-                             mode over tensor states is not built yet)",
+                             mode, recursion_mode 'auto' or 'reverse', follows float tensor \
+                             states)",
                             r.name,
                             field.name(),
                             schema.field(v).name()
@@ -473,7 +481,7 @@ fn analyzed(plan: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 /// The column of `plan`'s output named `name` (a tangent: unique).
-fn column_named(plan: &LogicalPlan, name: &str) -> Result<Column> {
+pub(super) fn column_named(plan: &LogicalPlan, name: &str) -> Result<Column> {
     let schema = plan.schema();
     match schema.fields().iter().position(|f| f.name() == name) {
         Some(i) => Ok(Column::from(schema.qualified_field(i))),
@@ -487,7 +495,7 @@ fn column_named(plan: &LogicalPlan, name: &str) -> Result<Column> {
 /// `plan` with the node `target` replaced by `replacement` (the same
 /// columns, then the tangent columns `names`), the tangents passed up to
 /// `plan`'s output; `None` if `target` is not below `plan`.
-fn carry(
+pub(super) fn carry(
     plan: &LogicalPlan,
     target: &LogicalPlan,
     replacement: &LogicalPlan,

@@ -1,0 +1,580 @@
+//! Reverse mode through a recursive query's iterations: each row replays
+//! the iterations that led to it, forwards from a copy of its first row,
+//! then backwards with the cotangents of its columns.
+//!
+//! The analyzer (`analyzer/reverse_recursion.rs`) gives the rows of a
+//! recursive CTE the iteration that produced them and a copy of the first
+//! row they derive from, computes at the marker the cotangent of `f` with
+//! respect to each of the CTE's columns (the seeds), and puts an
+//! [`AdjointLoop`] over those rows. Its [`AdjointLoopExec`] takes, for each
+//! row produced by iteration `t`, the state of iteration 0 and runs the
+//! loop's step (the recursive term's update, a row-wise function of the
+//! previous row) `t` times, keeping every `k`-th state
+//! (`datafusion_grad.checkpoint_every`; by default `k ≈ √t`, so memory grows
+//! like √t states), then goes back from iteration `t` to 0, recomputing the
+//! states between two kept ones, each step's cotangents the vector-Jacobian
+//! product of the update (`adjoints`, from the differentiation engine).
+//! The derivative with respect to the variable is the sum of the first
+//! row's cotangents over the columns that copy it there.
+//!
+//! Rows of one batch with the same iteration count are replayed together,
+//! one vectorized step for all of them.
+//!
+//! ```sql
+//! -- 30 residual steps of a 3-element state, gradient w.r.t. the initial state
+//! SET datafusion_grad.recursion_mode = 'reverse';
+//! WITH RECURSIVE s(step, v, v0) AS (
+//!   SELECT 0, v0, v0 FROM (SELECT tensor([0.1, 0.2, 0.3], 3) AS v0) i
+//!   UNION ALL
+//!   SELECT step + 1, tensor_add(v, scale(tensor_tanh(v), 0.1)), v0 FROM s WHERE step < 30)
+//! SELECT grad(tensor_total(tensor_mul(v, v)), v0) FROM s WHERE step = 30;
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, FixedSizeListArray, Float64Array, RecordBatch,
+    UInt32Array,
+};
+use datafusion::arrow::compute::{cast, interleave, take};
+use datafusion::arrow::datatypes::{DataType, Field, Float64Type, Int64Type, SchemaRef};
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, DFSchemaRef};
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    SendableRecordBatchStream,
+};
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
+use futures::StreamExt;
+
+use crate::options::GradOptions;
+use crate::reserved::{initial_column, reverse_column, seed_column, ITERATION_COLUMN};
+
+/// The step of a row-wise loop and its vector-Jacobian product.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LoopStep {
+    /// The recursive CTE's name (for EXPLAIN).
+    pub name: String,
+    /// A row of the CTE (its columns, unqualified).
+    pub state: DFSchemaRef,
+    /// Each column's value in the next iteration, over `state`.
+    pub updates: Vec<Expr>,
+    /// The columns with a cotangent (floats and float tensors), by index.
+    pub differentiable: Vec<usize>,
+    /// `state`, then one cotangent column per differentiable column.
+    pub adjoint_schema: DFSchemaRef,
+    /// The previous row's cotangents, one per differentiable column, over
+    /// `adjoint_schema`.
+    pub adjoints: Vec<Expr>,
+}
+
+/// One derivative an [`AdjointLoop`] computes for each row.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub struct Wanted {
+    /// Whether the row's cotangent of each differentiable column is in the
+    /// input (`seed_column(k, c)`); 0 where not.
+    pub seeded: Vec<bool>,
+    /// The differentiable columns (positions in `differentiable`) whose
+    /// first value is the variable's: their cotangents sum to the result.
+    pub copies: Vec<usize>,
+}
+
+/// The logical node: its input's rows, and one derivative column per
+/// [`Wanted`] (`reverse_column(k)`). See the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AdjointLoop {
+    input: LogicalPlan,
+    step: Arc<LoopStep>,
+    wanted: Vec<Wanted>,
+    schema: DFSchemaRef,
+}
+
+impl PartialOrd for AdjointLoop {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        fn key(n: &AdjointLoop) -> (&LogicalPlan, &String, &Vec<Expr>, &Vec<Wanted>) {
+            (&n.input, &n.step.name, &n.step.updates, &n.wanted)
+        }
+        key(self).partial_cmp(&key(other))
+    }
+}
+
+impl AdjointLoop {
+    /// The node over `input` (which holds the iteration, the initial
+    /// columns and the seeds), with the derivatives typed as `types`.
+    pub fn try_new(
+        input: LogicalPlan,
+        step: Arc<LoopStep>,
+        wanted: Vec<Wanted>,
+        types: &[DataType],
+    ) -> Result<Self> {
+        let fields: Vec<Field> = types
+            .iter()
+            .enumerate()
+            .map(|(k, t)| Field::new(reverse_column(k), t.clone(), true))
+            .collect();
+        let extra = datafusion::common::DFSchema::from_unqualified_fields(
+            fields.into(),
+            Default::default(),
+        )?;
+        let mut schema = input.schema().as_ref().clone();
+        schema.merge(&extra);
+        Ok(Self {
+            input,
+            step,
+            wanted,
+            schema: Arc::new(schema),
+        })
+    }
+}
+
+impl UserDefinedLogicalNodeCore for AdjointLoop {
+    fn name(&self) -> &str {
+        "AdjointLoop"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "AdjointLoop: through={}, derivatives={}",
+            self.step.name,
+            self.wanted.len()
+        )
+    }
+
+    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
+        match <[LogicalPlan; 1]>::try_from(inputs) {
+            Ok([input]) if exprs.is_empty() => Ok(Self {
+                input,
+                step: Arc::clone(&self.step),
+                wanted: self.wanted.clone(),
+                schema: Arc::clone(&self.schema),
+            }),
+            _ => internal_err!("AdjointLoop has one input and no expressions"),
+        }
+    }
+}
+
+/// Plans [`AdjointLoop`] nodes as [`AdjointLoopExec`]s.
+#[derive(Debug, Default)]
+pub struct AdjointLoopPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for AdjointLoopPlanner {
+    async fn plan_extension(
+        &self,
+        planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session: &dyn Session,
+        planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<AdjointLoop>() else {
+            return Ok(None);
+        };
+        let [input] = physical_inputs else {
+            return internal_err!("AdjointLoop has one input");
+        };
+        let step = &node.step;
+        let physical = |exprs: &[Expr], schema: &DFSchemaRef| {
+            exprs
+                .iter()
+                .map(|e| planner.create_physical_expr(e, schema, session, planning_ctx))
+                .collect::<Result<Vec<_>>>()
+        };
+        let input_schema = input.schema();
+        let at = |name: &str| input_schema.index_of(name).map_err(Into::into);
+        let mut wanted = Vec::new();
+        for (k, w) in node.wanted.iter().enumerate() {
+            let mut seeds = Vec::new();
+            for (i, &c) in step.differentiable.iter().enumerate() {
+                seeds.push(match w.seeded[i] {
+                    true => Some(at(&seed_column(k, c))?),
+                    false => None,
+                });
+            }
+            wanted.push(Seeds {
+                seeds,
+                copies: w.copies.clone(),
+            });
+        }
+        let exec = AdjointLoopExec {
+            input: Arc::clone(input),
+            schema: Arc::clone(node.schema.inner()),
+            name: step.name.clone(),
+            state: Arc::clone(step.state.inner()),
+            updates: physical(&step.updates, &step.state)?,
+            differentiable: step.differentiable.clone(),
+            adjoint_schema: Arc::clone(step.adjoint_schema.inner()),
+            adjoints: physical(&step.adjoints, &step.adjoint_schema)?,
+            iteration: at(ITERATION_COLUMN)?,
+            initial: (0..step.state.fields().len())
+                .map(|c| at(&initial_column(c)))
+                .collect::<Result<_>>()?,
+            wanted,
+            properties: properties(node.schema.inner(), input),
+        };
+        Ok(Some(Arc::new(exec)))
+    }
+}
+
+/// The properties of an [`AdjointLoopExec`] over `input`: its partitions,
+/// unordered.
+fn properties(schema: &SchemaRef, input: &Arc<dyn ExecutionPlan>) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(Arc::clone(schema)),
+        input.output_partitioning().clone(),
+        EmissionType::Incremental,
+        Boundedness::Bounded,
+    ))
+}
+
+/// Where one derivative's seeds are in the input, and which cotangents of
+/// the first row sum to it.
+#[derive(Debug, Clone)]
+struct Seeds {
+    seeds: Vec<Option<usize>>,
+    copies: Vec<usize>,
+}
+
+/// Executes an [`AdjointLoop`]: see the [module docs](self).
+#[derive(Debug)]
+pub struct AdjointLoopExec {
+    input: Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    name: String,
+    state: SchemaRef,
+    updates: Vec<Arc<dyn PhysicalExpr>>,
+    differentiable: Vec<usize>,
+    adjoint_schema: SchemaRef,
+    adjoints: Vec<Arc<dyn PhysicalExpr>>,
+    /// Input columns: the iteration, the first row's columns.
+    iteration: usize,
+    initial: Vec<usize>,
+    wanted: Vec<Seeds>,
+    properties: Arc<PlanProperties>,
+}
+
+impl DisplayAs for AdjointLoopExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "AdjointLoopExec: through={}, derivatives={}",
+            self.name,
+            self.wanted.len()
+        )
+    }
+}
+
+impl ExecutionPlan for AdjointLoopExec {
+    fn name(&self) -> &str {
+        "AdjointLoopExec"
+    }
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        for e in self.updates.iter().chain(&self.adjoints) {
+            if f(e)? == TreeNodeRecursion::Stop {
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match <[_; 1]>::try_from(children) {
+            Ok([input]) => Ok(Arc::new(Self {
+                properties: properties(&self.schema, &input),
+                input,
+                schema: Arc::clone(&self.schema),
+                name: self.name.clone(),
+                state: Arc::clone(&self.state),
+                updates: self.updates.clone(),
+                differentiable: self.differentiable.clone(),
+                adjoint_schema: Arc::clone(&self.adjoint_schema),
+                adjoints: self.adjoints.clone(),
+                iteration: self.iteration,
+                initial: self.initial.clone(),
+                wanted: self.wanted.clone(),
+            })),
+            Err(_) => internal_err!("AdjointLoopExec has one child"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let every = context
+            .session_config()
+            .options()
+            .extensions
+            .get::<GradOptions>()
+            .map_or(0, |o| o.checkpoint_every);
+        let replay = Replay {
+            state: Arc::clone(&self.state),
+            updates: self.updates.clone(),
+            differentiable: self.differentiable.clone(),
+            adjoint_schema: Arc::clone(&self.adjoint_schema),
+            adjoints: self.adjoints.clone(),
+            every: every as usize,
+        };
+        let (iteration, initial, wanted) =
+            (self.iteration, self.initial.clone(), self.wanted.clone());
+        let schema = Arc::clone(&self.schema);
+        let out = Arc::clone(&schema);
+        let stream = self.input.execute(partition, context)?.map(move |batch| {
+            let batch = batch?;
+            let mut columns = batch.columns().to_vec();
+            for (k, w) in wanted.iter().enumerate() {
+                let field = out.field(batch.num_columns() + k);
+                columns.push(replay.derivative(
+                    &batch,
+                    iteration,
+                    &initial,
+                    w,
+                    field.data_type(),
+                )?);
+            }
+            Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+}
+
+/// What replaying a loop needs, apart from the rows.
+struct Replay {
+    state: SchemaRef,
+    updates: Vec<Arc<dyn PhysicalExpr>>,
+    differentiable: Vec<usize>,
+    adjoint_schema: SchemaRef,
+    adjoints: Vec<Arc<dyn PhysicalExpr>>,
+    every: usize,
+}
+
+impl Replay {
+    /// The derivative `w` for every row of `batch`, of type `t`.
+    fn derivative(
+        &self,
+        batch: &RecordBatch,
+        iteration: usize,
+        initial: &[usize],
+        w: &Seeds,
+        t: &DataType,
+    ) -> Result<ArrayRef> {
+        let n = batch.num_rows();
+        let iterations = batch.column(iteration).as_primitive::<Int64Type>();
+        // Rows by iteration count, replayed together.
+        let mut groups: HashMap<i64, Vec<u32>> = HashMap::new();
+        for row in 0..n {
+            if iterations.is_valid(row) {
+                groups
+                    .entry(iterations.value(row))
+                    .or_default()
+                    .push(row as u32);
+            }
+        }
+        let mut parts: Vec<ArrayRef> = vec![new_null_array(t, 1)];
+        let mut place = vec![(0usize, 0usize); n];
+        for (count, rows) in groups {
+            let take_rows = UInt32Array::from(rows.clone());
+            let first = RecordBatch::try_new(
+                Arc::clone(&self.state),
+                initial
+                    .iter()
+                    .zip(self.state.fields())
+                    .map(|(&i, f)| {
+                        conform(&take(batch.column(i), &take_rows, None)?, f.data_type())
+                    })
+                    .collect::<Result<_>>()?,
+            )?;
+            let seeds = w
+                .seeds
+                .iter()
+                .zip(&self.differentiable)
+                .map(|(s, &c)| {
+                    let t = self.state.field(c).data_type();
+                    match s {
+                        Some(i) => conform(&take(batch.column(*i), &take_rows, None)?, t),
+                        None => zeros(t, rows.len()),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let cotangents = self.backwards(first, seeds, count.max(0) as usize)?;
+            let mut sum: Option<ArrayRef> = None;
+            for &i in &w.copies {
+                let c = conform(&cotangents[i], t)?;
+                sum = Some(match sum {
+                    Some(s) => add(&s, &c)?,
+                    None => c,
+                });
+            }
+            let result = match sum {
+                Some(s) => s,
+                None => zeros(t, rows.len())?,
+            };
+            parts.push(result);
+            for (j, &row) in rows.iter().enumerate() {
+                place[row as usize] = (parts.len() - 1, j);
+            }
+        }
+        let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+        Ok(interleave(&parts, &place)?)
+    }
+
+    /// The cotangents of the first row's differentiable columns, given those
+    /// of the row `count` iterations later (`seeds`).
+    fn backwards(
+        &self,
+        first: RecordBatch,
+        seeds: Vec<ArrayRef>,
+        count: usize,
+    ) -> Result<Vec<ArrayRef>> {
+        let every = match self.every {
+            0 => ((count as f64).sqrt().ceil() as usize).max(1),
+            k => k,
+        };
+        // Forwards, keeping every `every`-th state (not the last's: the seeds
+        // stand for it).
+        let mut kept = Vec::new();
+        let mut state = first;
+        for i in 0..count {
+            if i % every == 0 {
+                kept.push(state.clone());
+            }
+            if i + 1 < count {
+                state = self.step(&state)?;
+            }
+        }
+        // Backwards, one stretch between kept states at a time.
+        let mut cotangents = seeds;
+        for (s, start) in kept.into_iter().enumerate().rev() {
+            let len = every.min(count - s * every);
+            let mut states = vec![start];
+            for _ in 1..len {
+                states.push(self.step(states.last().expect("a state"))?);
+            }
+            for state in states.iter().rev() {
+                cotangents = self.pullback(state, &cotangents)?;
+            }
+        }
+        Ok(cotangents)
+    }
+
+    /// The next iteration's row of each row of `state`.
+    fn step(&self, state: &RecordBatch) -> Result<RecordBatch> {
+        let n = state.num_rows();
+        let columns = self
+            .updates
+            .iter()
+            .zip(self.state.fields())
+            .map(|(u, f)| conform(&u.evaluate(state)?.into_array(n)?, f.data_type()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(Arc::clone(&self.state), columns)?)
+    }
+
+    /// The cotangents of `state`'s differentiable columns, given those of
+    /// the next iteration's (`after`).
+    fn pullback(&self, state: &RecordBatch, after: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
+        let n = state.num_rows();
+        let mut columns = state.columns().to_vec();
+        columns.extend(after.iter().cloned());
+        let batch = RecordBatch::try_new(Arc::clone(&self.adjoint_schema), columns)?;
+        self.adjoints
+            .iter()
+            .zip(&self.differentiable)
+            .map(|(a, &c)| {
+                conform(
+                    &a.evaluate(&batch)?.into_array(n)?,
+                    self.state.field(c).data_type(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// `array` as type `t`: cast, or a number spread over every element of a
+/// float tensor type (the engine writes a zero cotangent as the number 0).
+fn conform(array: &ArrayRef, t: &DataType) -> Result<ArrayRef> {
+    if array.data_type() == t {
+        return Ok(Arc::clone(array));
+    }
+    if let (DataType::FixedSizeList(field, size), true) = (t, array.data_type().is_numeric()) {
+        let numbers = cast(array, &DataType::Float64)?;
+        let numbers = numbers.as_primitive::<Float64Type>();
+        let size = *size as usize;
+        let values: Float64Array = (0..numbers.len() * size)
+            .map(|i| numbers.is_valid(i / size).then(|| numbers.value(i / size)))
+            .collect();
+        let values = cast(&(Arc::new(values) as ArrayRef), field.data_type())?;
+        return Ok(Arc::new(FixedSizeListArray::try_new(
+            Arc::clone(field),
+            size as i32,
+            values,
+            numbers.nulls().cloned(),
+        )?));
+    }
+    Ok(cast(array, t)?)
+}
+
+/// `n` zeros of the float or float tensor type `t`.
+fn zeros(t: &DataType, n: usize) -> Result<ArrayRef> {
+    conform(&(Arc::new(Float64Array::from(vec![0.0; n])) as ArrayRef), t)
+}
+
+/// `a + b`, element by element (floats or float tensors of one shape).
+fn add(a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
+    use datafusion::arrow::compute::kernels::numeric;
+    match a.data_type() {
+        DataType::FixedSizeList(field, size) => {
+            let (a, b) = (a.as_fixed_size_list(), b.as_fixed_size_list());
+            let nulls = datafusion::arrow::buffer::NullBuffer::union(a.nulls(), b.nulls());
+            Ok(Arc::new(FixedSizeListArray::try_new(
+                Arc::clone(field),
+                *size,
+                numeric::add(a.values(), b.values())?,
+                nulls,
+            )?))
+        }
+        _ => Ok(numeric::add(a, b)?),
+    }
+}

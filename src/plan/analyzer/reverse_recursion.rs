@@ -1,0 +1,534 @@
+//! Derivatives *through* `WITH RECURSIVE` in reverse mode: for tensor
+//! states and many variables, where forward mode would carry a tangent per
+//! element (see `recursion.rs` for the semantics, which are the same).
+//!
+//! The CTE's rows get the iteration that produced them
+//! ([`ITERATION_COLUMN`]) and a copy of the first row they derive from
+//! ([`initial_column`]); at the marker, the cotangent of `f` with respect
+//! to each of the CTE's columns its row holds is computed by the engine
+//! (the seeds), and an [`AdjointLoop`] replays each row's iterations
+//! forwards and backwards (`crate::plan::adjoint_loop`). The loop's step —
+//! the recursive term's update, inlined into one expression per column over
+//! the previous row — and its vector-Jacobian product are differentiated
+//! once, here.
+//!
+//! Reverse mode follows row-wise loops: a recursive term of projections and
+//! filters over the work table (each row derives from one row of the
+//! previous iteration). A step that joins or aggregates, a column the
+//! variable flows into that is neither a float nor a float tensor, and a
+//! first row that computes a column from the variable (other than copying
+//! it) are refused with a typed error; forward mode
+//! (`SET datafusion_grad.recursion_mode = 'forward'`) covers the joins and
+//! aggregates for float states.
+//!
+//! ```sql
+//! WITH RECURSIVE s(step, v, v0) AS (
+//!   SELECT 0, v0, v0 FROM (SELECT tensor([0.1, 0.2, 0.3], 3) AS v0) i
+//!   UNION ALL
+//!   SELECT step + 1, tensor_add(v, scale(tensor_tanh(v), 0.1)), v0 FROM s WHERE step < 30)
+//! SELECT grad(tensor_total(tensor_mul(v, v)), v0) FROM s WHERE step = 30;
+//! ```
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::catalog::default_table_source::provider_as_source;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema};
+use datafusion::datasource::cte_worktable::CteWorkTable;
+use datafusion::error::Result;
+use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::{
+    lit, Expr, Extension, LogicalPlan, Projection, RecursiveQuery, TableScanBuilder,
+};
+
+use super::recursion::{carry, column_named, Found};
+use crate::engine::call::{as_marker, has_marker, MarkerKind};
+use crate::engine::{differentiate, Seed};
+use crate::error::{fail, ErrorKind};
+use crate::options::RecursionMode;
+use crate::plan::adjoint_loop::{AdjointLoop, LoopStep, Wanted};
+use crate::plan::lineage::{origin_of, overlaps, parts, through_iterations, Part};
+use crate::plan::unalias;
+use crate::reserved::{
+    adjoint_column, initial_column, reverse_column, seed_column, ITERATION_COLUMN,
+};
+use crate::tensor;
+
+thread_local! {
+    /// The `recursion_mode` setting of the analysis under way.
+    static MODE: Cell<RecursionMode> = const { Cell::new(RecursionMode::Auto) };
+}
+
+/// Runs `analysis` with `mode` as the recursion mode its markers see.
+pub(super) fn with_mode<T>(mode: RecursionMode, analysis: impl FnOnce() -> T) -> T {
+    let before = MODE.with(|m| m.replace(mode));
+    let result = analysis();
+    MODE.with(|m| m.set(before));
+    result
+}
+
+/// Whether the derivatives for `variables` through `r` are taken in
+/// reverse mode: as set, or (`auto`) where a variable flows into a
+/// compound column (a tensor), which forward mode cannot carry.
+pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize]) -> Result<bool> {
+    match MODE.with(Cell::get) {
+        RecursionMode::Forward => Ok(false),
+        RecursionMode::Reverse => Ok(true),
+        RecursionMode::Auto => {
+            let schema = r.static_term.schema();
+            for (i, field) in schema.fields().iter().enumerate() {
+                if !field.data_type().is_nested() {
+                    continue;
+                }
+                for &v in variables {
+                    if v == i || through_iterations(r, i, v)? {
+                        return Ok(true);
+                    }
+                }
+            }
+            Ok(false)
+        }
+    }
+}
+
+/// `node` (over `input`) with its markers through the CTE of `found`
+/// taken in reverse mode: see the [module docs](self).
+pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> Result<LogicalPlan> {
+    let LogicalPlan::RecursiveQuery(r) = found.cte else {
+        unreachable!("found a recursive CTE")
+    };
+    let refuse = |why: String| -> Result<()> {
+        fail(
+            ErrorKind::NeedsPlanContext,
+            format!(
+                "derivatives through the recursive CTE `{}` in reverse mode: {why}",
+                r.name
+            ),
+        )
+    };
+    if r.is_distinct {
+        refuse(
+            "it is a UNION (distinct), which drops rows by their values; write UNION ALL".into(),
+        )?;
+    }
+    let state = Arc::new(DFSchema::try_from(
+        r.static_term.schema().as_arrow().clone(),
+    )?);
+    let differentiable: Vec<usize> = (0..state.fields().len())
+        .filter(|&c| is_differentiable(state.field(c).data_type()))
+        .collect();
+    for (c, field) in state.fields().iter().enumerate() {
+        for &v in &found.variables {
+            if !differentiable.contains(&c) && (c == v || through_iterations(r, c, v)?) {
+                refuse(format!(
+                    "its column `{}` ({}) is computed from the variable `{}` through the \
+                     iterations; reverse mode follows float and float tensor columns",
+                    field.name(),
+                    field.data_type(),
+                    state.field(v).name()
+                ))?;
+            }
+        }
+    }
+    let updates = inline_step(r, &state)?;
+    let rules = found.rules.read().expect("rule table lock");
+    // The step's vector-Jacobian product: the gradient of Σ ⟨λ_c, u_c⟩
+    // with respect to the previous row's differentiable columns.
+    let mut adjoint_fields: Vec<Field> =
+        state.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let mut pairing: Option<Expr> = None;
+    for &c in &differentiable {
+        let name = adjoint_column(c);
+        adjoint_fields.push(Field::new(&name, state.field(c).data_type().clone(), true));
+        let lambda = Expr::Column(Column::new_unqualified(name));
+        let term = match state.field(c).data_type() {
+            DataType::Float64 => lambda * updates[c].clone(),
+            _ => tensor::call(
+                "tensor_total",
+                vec![tensor::call("tensor_mul", vec![lambda, updates[c].clone()])],
+            ),
+        };
+        pairing = Some(match pairing {
+            Some(p) => p + term,
+            None => term,
+        });
+    }
+    let adjoint_schema = Arc::new(DFSchema::from_unqualified_fields(
+        adjoint_fields.into(),
+        Default::default(),
+    )?);
+    let wrt: Vec<Column> = differentiable
+        .iter()
+        .map(|&c| Column::new_unqualified(state.field(c).name()))
+        .collect();
+    let adjoints = differentiate(
+        &pairing.expect("a differentiable column: the variable's"),
+        &wrt,
+        Seed::Grad,
+        &adjoint_schema,
+        &rules,
+    )?
+    .exprs;
+    let step = Arc::new(LoopStep {
+        name: r.name.clone(),
+        state: Arc::clone(&state),
+        updates,
+        differentiable: differentiable.clone(),
+        adjoint_schema,
+        adjoints,
+    });
+
+    // The CTE's rows with their iteration and first row.
+    let n = state.fields().len();
+    let mut names = vec![ITERATION_COLUMN.to_string()];
+    names.extend((0..n).map(initial_column));
+    let cte = with_history(r, &names)?;
+    let input = carry(&input, found.cte, &cte, names)?.expect("the CTE is below the marker");
+
+    // The CTE's differentiable columns the marker's row holds.
+    let mut visible = Vec::new();
+    for i in 0..input.schema().fields().len() {
+        let (origin, at) = origin_of(&input, i)?;
+        if (std::ptr::eq(origin, &cte) || *origin == cte) && differentiable.contains(&at) {
+            visible.push((Column::from(input.schema().qualified_field(i)), at));
+        }
+    }
+
+    // One derivative per marker: seeds as columns, then the loop's node.
+    let mut seeds: Vec<Expr> = input
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    let mut wanted = Vec::new();
+    let mut types = Vec::new();
+    let mut replacements = Vec::new();
+    for e in node.expressions() {
+        e.apply(|e| {
+            let Some(call) = as_marker(e) else {
+                return Ok(TreeNodeRecursion::Continue);
+            };
+            let Some(vars) = found.of(&call.wrt_columns()) else {
+                return Ok(TreeNodeRecursion::Continue);
+            };
+            let [j] = vars[..] else {
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "{}: several variables carried through the recursive CTE `{}` in one \
+                         call; take one derivative per variable (e.g. grad(f, a), grad(f, x0))",
+                        call.kind().name(),
+                        r.name
+                    ),
+                );
+            };
+            let v = found.variables[j];
+            let f = &call.args[0];
+            reads_the_cte_directly(f, &input, &cte, &r.name)?;
+            let seed = match call.kind() {
+                MarkerKind::Vjp => Seed::Vjp(call.args[2].clone()),
+                MarkerKind::Grad | MarkerKind::Jvp => Seed::Grad,
+            };
+            let k = wanted.len();
+            let columns: Vec<Column> = visible.iter().map(|(c, _)| c.clone()).collect();
+            let cotangents = match columns.is_empty() {
+                true => vec![],
+                false => differentiate(f, &columns, seed, input.schema(), &rules)?.exprs,
+            };
+            let mut seeded = Vec::new();
+            for &c in &differentiable {
+                let mut sum: Option<Expr> = None;
+                for ((_, at), cot) in visible.iter().zip(&cotangents) {
+                    if *at == c {
+                        sum = Some(match sum {
+                            Some(s) => add(s, cot.clone(), state.field(c).data_type()),
+                            None => cot.clone(),
+                        });
+                    }
+                }
+                seeded.push(sum.is_some());
+                if let Some(s) = sum {
+                    seeds.push(s.alias(seed_column(k, c)));
+                }
+            }
+            let copies = copies_of(&r.static_term, &differentiable, v, &r.name)?;
+            let t = state.field(v).data_type().clone();
+            let result = Expr::Column(Column::new_unqualified(reverse_column(k)));
+            let replacement = match call.kind() {
+                MarkerKind::Jvp => {
+                    let tangent = call.args[2].clone();
+                    match t {
+                        DataType::Float64 => tangent * result,
+                        _ => tensor::call(
+                            "tensor_total",
+                            vec![tensor::call("tensor_mul", vec![tangent, result])],
+                        ),
+                    }
+                }
+                _ => result,
+            };
+            replacements.push((e.clone(), replacement));
+            wanted.push(Wanted { seeded, copies });
+            types.push(t);
+            Ok(TreeNodeRecursion::Jump)
+        })?;
+    }
+    drop(rules);
+    let seeded = LogicalPlan::Projection(Projection::try_new(seeds, Arc::new(input))?);
+    let adjoint = LogicalPlan::Extension(Extension {
+        node: Arc::new(AdjointLoop::try_new(seeded, step, wanted, &types)?),
+    });
+    let names = NamePreserver::new(&node);
+    let mut exprs = Vec::new();
+    for e in node.expressions() {
+        let saved = names.save(&e);
+        let e = e
+            .transform_down(|e| match replacements.iter().find(|(m, _)| *m == e) {
+                Some((_, r)) => Ok(Transformed::new(r.clone(), true, TreeNodeRecursion::Jump)),
+                None => Ok(Transformed::no(e)),
+            })?
+            .data;
+        exprs.push(saved.restore(e));
+    }
+    node.with_new_exprs(exprs, vec![adjoint])
+}
+
+/// Floats and float tensors: the columns that carry a cotangent.
+fn is_differentiable(t: &DataType) -> bool {
+    match t {
+        DataType::Float64 => true,
+        DataType::FixedSizeList(f, _) => f.data_type() == &DataType::Float64,
+        _ => false,
+    }
+}
+
+/// `a + b` for cotangents of type `t`.
+fn add(a: Expr, b: Expr, t: &DataType) -> Expr {
+    match t {
+        DataType::Float64 => a + b,
+        _ => tensor::call("tensor_add", vec![a, b]),
+    }
+}
+
+/// The recursive term of `r` as one update expression per column over the
+/// previous row (`state`'s unqualified columns): projections inlined,
+/// filters, sorts and limits passed (they only drop rows; a row that
+/// exists passed them). Anything else is refused.
+fn inline_step(r: &RecursiveQuery, state: &DFSchema) -> Result<Vec<Expr>> {
+    let term = r.recursive_term.as_ref();
+    let mut exprs: Vec<Expr> = term
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    let mut plan = term;
+    loop {
+        let below = |exprs: Vec<Expr>, with: &dyn Fn(usize) -> Expr| {
+            exprs
+                .into_iter()
+                .map(|e| {
+                    e.transform_up(|e| match e {
+                        Expr::Column(c) => {
+                            let i = plan.schema().index_of_column(&c)?;
+                            Ok(Transformed::yes(with(i)))
+                        }
+                        e => Ok(Transformed::no(e)),
+                    })
+                    .map(|t| t.data)
+                })
+                .collect::<Result<Vec<_>>>()
+        };
+        match plan {
+            LogicalPlan::Projection(p) => {
+                exprs = below(exprs, &|i| unalias(&p.expr[i]).clone())?;
+                plan = p.input.as_ref();
+            }
+            LogicalPlan::SubqueryAlias(a) => {
+                let inner = a.input.schema();
+                exprs = below(exprs, &|i| {
+                    Expr::Column(Column::from(inner.qualified_field(i)))
+                })?;
+                plan = a.input.as_ref();
+            }
+            LogicalPlan::Filter(f) => plan = f.input.as_ref(),
+            LogicalPlan::Sort(s) => plan = s.input.as_ref(),
+            LogicalPlan::Limit(l) => plan = l.input.as_ref(),
+            LogicalPlan::TableScan(s)
+                if s.table_name.table() == r.name
+                    && s.projection.is_none()
+                    && s.filters.is_empty() =>
+            {
+                exprs = below(exprs, &|i| {
+                    Expr::Column(Column::new_unqualified(state.field(i).name()))
+                })?;
+                break;
+            }
+            other => {
+                let shown = other.display().to_string();
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "derivatives through the recursive CTE `{}` in reverse mode follow \
+                         row-wise loops (projections and filters over the previous row); its \
+                         recursive term contains `{}`; with float columns, forward mode \
+                         (SET datafusion_grad.recursion_mode = 'forward') follows joins and \
+                         aggregates",
+                        r.name,
+                        shown.split(':').next().unwrap_or_default().trim()
+                    ),
+                );
+            }
+        }
+    }
+    for e in &exprs {
+        let mut bad = has_marker(e) || e.is_volatile();
+        e.apply(|e| {
+            bad |= matches!(
+                e,
+                Expr::ScalarSubquery(_)
+                    | Expr::Exists(_)
+                    | Expr::InSubquery(_)
+                    | Expr::OuterReferenceColumn(..)
+            );
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if bad {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "derivatives through the recursive CTE `{}` in reverse mode: its update \
+                     `{e}` has a subquery, a volatile function or a derivative left to \
+                     simplify; reverse mode replays the update as a function of the previous row",
+                    r.name
+                ),
+            );
+        }
+    }
+    Ok(exprs)
+}
+
+/// `r` with the columns `names` after its own: the iteration (0, then one
+/// more each step) and a copy of each column of the first row.
+fn with_history(r: &RecursiveQuery, names: &[String]) -> Result<LogicalPlan> {
+    let term = r.static_term.as_ref();
+    let mut exprs: Vec<Expr> = term
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    exprs.push(lit(0i64).alias(&names[0]));
+    for (c, column) in term.schema().columns().into_iter().enumerate() {
+        exprs.push(Expr::Column(column).alias(&names[c + 1]));
+    }
+    let static_term = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(term.clone()))?);
+
+    let LogicalPlan::Projection(p) = r.recursive_term.as_ref() else {
+        return fail(
+            ErrorKind::NeedsPlanContext,
+            format!("derivatives through the recursive CTE `{}`: its recursive term is not a SELECT list", r.name),
+        );
+    };
+    let mut scan = None;
+    p.input.apply(|node| {
+        if let LogicalPlan::TableScan(s) = node {
+            if s.table_name.table() == r.name {
+                scan = Some(node);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some(LogicalPlan::TableScan(old)) = scan else {
+        unreachable!("a row-wise recursive term reads the work table")
+    };
+    let schema = Arc::new(static_term.schema().as_arrow().clone());
+    let source = provider_as_source(Arc::new(CteWorkTable::new(&r.name, schema)));
+    let new_scan =
+        LogicalPlan::TableScan(TableScanBuilder::new(old.table_name.clone(), source).build()?);
+    let input = carry(&p.input, scan.expect("found"), &new_scan, names.to_vec())?
+        .expect("the work table is read");
+    let mut exprs = p.expr.clone();
+    let iteration = Expr::Column(column_named(&input, &names[0])?);
+    exprs.push((iteration + lit(1i64)).alias(&names[0]));
+    for name in &names[1..] {
+        exprs.push(Expr::Column(column_named(&input, name)?).alias(name));
+    }
+    let recursive_term = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?);
+    Ok(LogicalPlan::RecursiveQuery(RecursiveQuery::try_new(
+        r.name.clone(),
+        Arc::new(static_term),
+        Arc::new(recursive_term),
+        false,
+    )?))
+}
+
+/// The differentiable columns (positions in `differentiable`) whose first
+/// value is the variable `v`'s (itself, or a copy the static term makes of
+/// the same value); a first value computed from `v`'s otherwise is refused.
+fn copies_of(
+    static_term: &LogicalPlan,
+    differentiable: &[usize],
+    v: usize,
+    name: &str,
+) -> Result<Vec<usize>> {
+    let (v_origin, v_at) = origin_of(static_term, v)?;
+    let v_parts = parts(static_term, v)?;
+    let mut copies = Vec::new();
+    for (i, &c) in differentiable.iter().enumerate() {
+        let (origin, at) = origin_of(static_term, c)?;
+        let same = c == v || (at == v_at && (std::ptr::eq(origin, v_origin) || origin == v_origin));
+        if same {
+            copies.push(i);
+        } else if overlaps(&parts(static_term, c)?, &v_parts) {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "derivatives through the recursive CTE `{name}` in reverse mode: its first \
+                     row computes `{}` from the variable `{}`; reverse mode takes a first row \
+                     that copies the variable (e.g. `SELECT v0 AS v, v0`) or does not read it",
+                    static_term.schema().field(c).name(),
+                    static_term.schema().field(v).name()
+                ),
+            );
+        }
+    }
+    Ok(copies)
+}
+
+/// Refuses an `f` that reads a value computed from the CTE's columns
+/// rather than the columns themselves: its seeds would miss the path.
+fn reads_the_cte_directly(
+    f: &Expr,
+    input: &LogicalPlan,
+    cte: &LogicalPlan,
+    name: &str,
+) -> Result<()> {
+    for c in f.column_refs() {
+        let Ok(idx) = input.schema().index_of_column(c) else {
+            continue;
+        };
+        let (origin, _) = origin_of(input, idx)?;
+        if std::ptr::eq(origin, cte) || origin == cte {
+            continue;
+        }
+        let derived = parts(input, idx)?.iter().any(|p| match p {
+            Part::Node(node, _) => std::ptr::eq(*node, cte) || *node == cte,
+            _ => false,
+        });
+        if derived {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "derivatives through the recursive CTE `{name}` in reverse mode: `{c}` is \
+                     computed from the CTE's columns; write its definition in the derivative's \
+                     function, over the CTE's columns"
+                ),
+            );
+        }
+    }
+    Ok(())
+}
