@@ -80,6 +80,7 @@ pub use plan::analyzer::{GradAnalyzer, GradBeforeOptimizing};
 pub use plan::broadcast::BroadcastAggregate;
 pub use plan::dml::InlineUpdates;
 pub use plan::invariant::LoopInvariants;
+pub use plan::serial_iterations::SerialIterations;
 
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
 /// ([`tensor`]), the analyzer rule, the planner rules ([`plan::dml`],
@@ -118,6 +119,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
         .with_optimizer_rules(optimizer_rules)
         .with_physical_optimizer_rule(Arc::new(LoopInvariants))
         .with_physical_optimizer_rule(Arc::new(BroadcastAggregate))
+        .with_physical_optimizer_rule(Arc::new(SerialIterations))
         .with_query_planner(Arc::new(plan::shared::SharingPlanner))
         .build();
 }

@@ -5,6 +5,7 @@
 //! SET datafusion_grad.tensor_device = 'cpu';
 //! SET datafusion_grad.broadcast_aggregate = false;
 //! SET datafusion_grad.cache_loop_invariants = false;
+//! SET datafusion_grad.spread_iterations = true;
 //! SET datafusion_grad.ballista_timeout_seconds = 3600;
 //! SET datafusion_grad.max_iterations = 1000000;
 //! SET datafusion_grad.recursion_mode = 'reverse';
@@ -24,6 +25,53 @@ use datafusion::common::extensions_options;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
 
+/// `FromStr`, `Display` and `ConfigField` for the value type `$ty` of the
+/// setting `datafusion_grad.$key`: one word per variant, any case, an
+/// unknown word a configuration error naming the choices.
+macro_rules! word_setting {
+    ($ty:ident, $key:literal, { $($variant:ident => $word:literal),+ $(,)? }) => {
+        impl std::str::FromStr for $ty {
+            type Err = DataFusionError;
+
+            fn from_str(s: &str) -> Result<Self> {
+                match s.trim().to_ascii_lowercase().as_str() {
+                    $($word => Ok($ty::$variant),)+
+                    _ => Err(DataFusionError::Configuration(format!(
+                        concat!("datafusion_grad.", $key, " must be one of {}; got '{}'"),
+                        [$($word),+].join(", "),
+                        s
+                    ))),
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(match self {
+                    $($ty::$variant => $word,)+
+                })
+            }
+        }
+
+        impl ConfigField for $ty {
+            fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
+                v.some(key, self, description)
+            }
+
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                if !key.is_empty() {
+                    return Err(DataFusionError::Configuration(format!(
+                        concat!("datafusion_grad.", $key, " has no field {}"),
+                        key
+                    )));
+                }
+                *self = value.parse()?;
+                Ok(())
+            }
+        }
+    };
+}
+
 extensions_options! {
     /// The `datafusion_grad.*` settings.
     pub struct GradOptions {
@@ -40,6 +88,11 @@ extensions_options! {
         /// computed in the first iteration and kept in memory for the
         /// others (`LoopInvariantExec`), instead of read every iteration.
         pub cache_loop_invariants: bool, default = true
+        /// Whether the rows a recursive query's iterations pass on are dealt
+        /// round-robin over `target_partitions` in every iteration, as
+        /// DataFusion plans it, instead of kept in their partitions
+        /// (`SerialIterations`).
+        pub spread_iterations: bool, default = false
         /// Seconds a Ballista client waits for one distributed query (one
         /// iteration of a recursive query) before it fails with a
         /// `cluster_timeout` error; 0: no bound.
@@ -105,46 +158,11 @@ impl Device {
     }
 }
 
-impl std::str::FromStr for Device {
-    type Err = DataFusionError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(Device::Auto),
-            "cpu" => Ok(Device::Cpu),
-            "gpu" => Ok(Device::Gpu),
-            _ => Err(DataFusionError::Configuration(format!(
-                "datafusion_grad.tensor_device must be one of auto, cpu, gpu; got '{s}'"
-            ))),
-        }
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Device::Auto => "auto",
-            Device::Cpu => "cpu",
-            Device::Gpu => "gpu",
-        })
-    }
-}
-
-impl ConfigField for Device {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
-
-    fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        if !key.is_empty() {
-            return Err(DataFusionError::Configuration(format!(
-                "datafusion_grad.tensor_device has no field {key}"
-            )));
-        }
-        *self = value.parse()?;
-        Ok(())
-    }
-}
+word_setting!(Device, "tensor_device", {
+    Auto => "auto",
+    Cpu => "cpu",
+    Gpu => "gpu",
+});
 
 /// How derivatives through a recursive query's iterations are taken: the
 /// value of the `datafusion_grad.recursion_mode` setting.
@@ -174,46 +192,11 @@ impl RecursionMode {
     }
 }
 
-impl std::str::FromStr for RecursionMode {
-    type Err = DataFusionError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(RecursionMode::Auto),
-            "forward" => Ok(RecursionMode::Forward),
-            "reverse" => Ok(RecursionMode::Reverse),
-            _ => Err(DataFusionError::Configuration(format!(
-                "datafusion_grad.recursion_mode must be one of auto, forward, reverse; got '{s}'"
-            ))),
-        }
-    }
-}
-
-impl std::fmt::Display for RecursionMode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            RecursionMode::Auto => "auto",
-            RecursionMode::Forward => "forward",
-            RecursionMode::Reverse => "reverse",
-        })
-    }
-}
-
-impl ConfigField for RecursionMode {
-    fn visit<V: Visit>(&self, v: &mut V, key: &str, description: &'static str) {
-        v.some(key, self, description)
-    }
-
-    fn set(&mut self, key: &str, value: &str) -> Result<()> {
-        if !key.is_empty() {
-            return Err(DataFusionError::Configuration(format!(
-                "datafusion_grad.recursion_mode has no field {key}"
-            )));
-        }
-        *self = value.parse()?;
-        Ok(())
-    }
-}
+word_setting!(RecursionMode, "recursion_mode", {
+    Auto => "auto",
+    Forward => "forward",
+    Reverse => "reverse",
+});
 
 /// Adds the settings to `ctx`'s configuration unless it has them already.
 pub fn register(ctx: &SessionContext) {

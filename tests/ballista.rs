@@ -136,6 +136,13 @@ const QUERIES: &[&str] = &[
        SELECT p.step + 1, p.w - p.lr * avg(grad(power(p.w * t.x - t.y, 2), p.w)), p.lr \
        FROM p CROSS JOIN t WHERE p.step < 3 GROUP BY p.step, p.w, p.lr) \
      SELECT w, grad(power(w - 2.5, 2), lr) AS g FROM p WHERE step = 3",
+    // reverse mode through the iterations: a tensor state per data row,
+    // replayed on the client after the loop ran on the cluster
+    "WITH RECURSIVE s(step, i, v, v0) AS ( \
+       SELECT 0 AS step, i, v0 AS v, v0 FROM (SELECT i, tensor([x, y], 2) AS v0 FROM t WHERE i <= 4) d \
+       UNION ALL \
+       SELECT step + 1, i, tensor_add(v, scale(tensor_tanh(v), 0.1)), v0 FROM s WHERE step < 5) \
+     SELECT i, grad(tensor_total(tensor_mul(v, v)), v0) AS g FROM s WHERE step = 5 ORDER BY i",
     // a recursive query with no rows
     "WITH RECURSIVE r(n) AS (SELECT i FROM t WHERE i < 0 UNION ALL SELECT n + 1 FROM r WHERE n < 3) \
      SELECT count(*) AS c FROM r",

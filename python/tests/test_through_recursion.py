@@ -3,8 +3,8 @@ the same loops written in Python. Forward mode: a simulation's sensitivity
 to its parameter and initial state, the hypergradient of gradient descent
 over a data table, a loop whose steps join a data table, a loop whose stop
 depends on the data. Reverse mode: a 64-element tensor state's gradient
-with respect to its initial value, the simulation and a data-dependent stop
-with the mode forced, with and without checkpointing."""
+with respect to its initial value (with and without checkpointing), and a
+data-dependent stop with the mode forced."""
 
 import numpy as np
 import pytest
@@ -127,21 +127,30 @@ def test_loop_whose_steps_join_a_data_table_matches_jax():
     assert got["dv0"] == pytest.approx(float(dv0), rel=1e-9)
 
 
+def run_to_threshold(c, x0):
+    """x + c sqrt(x) from x0 until x passes 2.5: the trip count is piecewise
+    constant (as jax.lax.while_loop's)."""
+
+    def body(state):
+        x, i = state
+        return (x + c * jnp.sqrt(x), i + 1)
+
+    return jax.lax.while_loop(lambda state: state[0] < 2.5, body, (x0, 0))[0]
+
+
+def threshold_derivatives():
+    """d/dc and d/dx0 of run_to_threshold at (0.4, 0.7), by JAX (which
+    differentiates a while_loop in forward mode only)."""
+    return (
+        jax.jvp(run_to_threshold, (0.4, 0.7), (1.0, 0.0))[1],
+        jax.jvp(run_to_threshold, (0.4, 0.7), (0.0, 1.0))[1],
+    )
+
+
 def test_loop_whose_stop_depends_on_the_data_matches_jax():
-    # Newton-like damped iteration until x passes a threshold read from a
-    # table: the trip count is piecewise constant (as jax.lax.while_loop).
-    def run(c, x0):
-        def cond(state):
-            return state[0] < 2.5
-
-        def body(state):
-            x, i = state
-            return (x + c * jnp.sqrt(x), i + 1)
-
-        x, _ = jax.lax.while_loop(cond, body, (x0, 0))
-        return x
-
-    dc, dx0 = jax.jvp(run, (0.4, 0.7), (1.0, 0.0))[1], jax.jvp(run, (0.4, 0.7), (0.0, 1.0))[1]
+    # The threshold read from a table.
+    run = run_to_threshold
+    dc, dx0 = threshold_derivatives()
     ctx = dg.SessionContext()
     ctx.sql("CREATE TABLE limits(m DOUBLE) AS VALUES (2.5)").collect()
     got = one_row(
@@ -193,17 +202,9 @@ def test_tensor_state_in_reverse_mode_matches_jax(every):
     np.testing.assert_allclose(np.asarray(got["g"], dtype=float), want, rtol=1e-10, atol=1e-12)
 
 
-def test_simulation_and_data_dependent_stop_in_reverse_mode_match_jax():
-    def run(c, x0):
-        def body(state):
-            x, i = state
-            return (x + c * jnp.sqrt(x), i + 1)
-
-        return jax.lax.while_loop(lambda s: s[0] < 2.5, body, (x0, 0))[0]
-
-    # JAX differentiates a while_loop in forward mode only.
-    dc = jax.jvp(run, (0.4, 0.7), (1.0, 0.0))[1]
-    dx0 = jax.jvp(run, (0.4, 0.7), (0.0, 1.0))[1]
+def test_data_dependent_stop_in_reverse_mode_matches_jax():
+    run = run_to_threshold
+    dc, dx0 = threshold_derivatives()
     ctx = dg.SessionContext()
     ctx.sql("SET datafusion_grad.recursion_mode = 'reverse'").collect()
     got = one_row(

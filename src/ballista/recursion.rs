@@ -13,6 +13,9 @@
 //!    before);
 //!
 //! and then plans the query around it with the accumulated rows as `VALUES`.
+//! A derivative through the recursion in reverse mode (an `AdjointLoop`)
+//! replays the iterations of its rows on the client, its input run on the
+//! cluster.
 //! So a gradient-descent loop written as one recursive query runs each step
 //! on the cluster. The work table travels inside each plan: this suits work
 //! tables of model parameters (a few rows per step), not recursive queries
@@ -34,9 +37,11 @@ use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::{col, lit, Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 use datafusion::physical_plan::{collect, ExecutionPlan};
+use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use super::deadline::DeadlineExec;
 use crate::options::GradOptions;
+use crate::plan::adjoint_loop::{AdjointLoop, AdjointLoopPlanner};
 use crate::plan::iterate::Seen;
 use crate::plan::iterations::IterationLimit;
 
@@ -67,8 +72,31 @@ impl ClientRecursion {
                 let rows = self.iterate(q, session).await?;
                 rows_plan(&rows, q.schema.clone(), None)
             }
+            LogicalPlan::Extension(e) if e.node.as_any().is::<AdjointLoop>() => {
+                self.replay(&plan, session).await
+            }
             _ => Ok(plan),
         }
+    }
+
+    /// The rows of `plan`, an [`AdjointLoop`] (reverse mode through a
+    /// recursive query, which Ballista does not know): its input run on the
+    /// cluster, the iterations replayed here.
+    async fn replay(&self, plan: &LogicalPlan, session: &dyn Session) -> Result<LogicalPlan> {
+        let [input] = plan.inputs()[..] else {
+            unreachable!("an AdjointLoop has one input")
+        };
+        let rows = self.run(input, session).await?;
+        let here = plan.with_new_exprs(
+            vec![],
+            vec![rows_plan(&rows, Arc::clone(input.schema()), None)?],
+        )?;
+        let exec =
+            DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(AdjointLoopPlanner)])
+                .create_physical_plan(&here, session)
+                .await?;
+        let rows = collect(exec, session.task_ctx()).await?;
+        rows_plan(&rows, Arc::clone(plan.schema()), None)
     }
 
     /// The rows of the recursive query `q`, computed iteration by iteration.

@@ -227,11 +227,13 @@ impl ExtensionPlanner for AdjointLoopPlanner {
             input: Arc::clone(input),
             schema: Arc::clone(node.schema.inner()),
             name: step.name.clone(),
-            state: Arc::clone(step.state.inner()),
-            updates: physical(&step.updates, &step.state)?,
-            differentiable: step.differentiable.clone(),
-            adjoint_schema: Arc::clone(step.adjoint_schema.inner()),
-            adjoints: physical(&step.adjoints, &step.adjoint_schema)?,
+            replay: Arc::new(Replay {
+                state: Arc::clone(step.state.inner()),
+                updates: physical(&step.updates, &step.state)?,
+                differentiable: step.differentiable.clone(),
+                adjoint_schema: Arc::clone(step.adjoint_schema.inner()),
+                adjoints: physical(&step.adjoints, &step.adjoint_schema)?,
+            }),
             iteration: at(ITERATION_COLUMN)?,
             initial: (0..step.state.fields().len())
                 .map(|c| at(&initial_column(c)))
@@ -268,11 +270,7 @@ pub struct AdjointLoopExec {
     input: Arc<dyn ExecutionPlan>,
     schema: SchemaRef,
     name: String,
-    state: SchemaRef,
-    updates: Vec<Arc<dyn PhysicalExpr>>,
-    differentiable: Vec<usize>,
-    adjoint_schema: SchemaRef,
-    adjoints: Vec<Arc<dyn PhysicalExpr>>,
+    replay: Arc<Replay>,
     /// Input columns: the iteration, the first row's columns.
     iteration: usize,
     initial: Vec<usize>,
@@ -300,7 +298,7 @@ impl ExecutionPlan for AdjointLoopExec {
         &self,
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
-        for e in self.updates.iter().chain(&self.adjoints) {
+        for e in self.replay.updates.iter().chain(&self.replay.adjoints) {
             if f(e)? == TreeNodeRecursion::Stop {
                 return Ok(TreeNodeRecursion::Stop);
             }
@@ -326,11 +324,7 @@ impl ExecutionPlan for AdjointLoopExec {
                 input,
                 schema: Arc::clone(&self.schema),
                 name: self.name.clone(),
-                state: Arc::clone(&self.state),
-                updates: self.updates.clone(),
-                differentiable: self.differentiable.clone(),
-                adjoint_schema: Arc::clone(&self.adjoint_schema),
-                adjoints: self.adjoints.clone(),
+                replay: Arc::clone(&self.replay),
                 iteration: self.iteration,
                 initial: self.initial.clone(),
                 wanted: self.wanted.clone(),
@@ -349,15 +343,8 @@ impl ExecutionPlan for AdjointLoopExec {
             .options()
             .extensions
             .get::<GradOptions>()
-            .map_or(0, |o| o.checkpoint_every);
-        let replay = Replay {
-            state: Arc::clone(&self.state),
-            updates: self.updates.clone(),
-            differentiable: self.differentiable.clone(),
-            adjoint_schema: Arc::clone(&self.adjoint_schema),
-            adjoints: self.adjoints.clone(),
-            every: every as usize,
-        };
+            .map_or(0, |o| o.checkpoint_every) as usize;
+        let replay = Arc::clone(&self.replay);
         let (iteration, initial, wanted) =
             (self.iteration, self.initial.clone(), self.wanted.clone());
         let schema = Arc::clone(&self.schema);
@@ -373,6 +360,7 @@ impl ExecutionPlan for AdjointLoopExec {
                     &initial,
                     w,
                     field.data_type(),
+                    every,
                 )?);
             }
             Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
@@ -381,18 +369,20 @@ impl ExecutionPlan for AdjointLoopExec {
     }
 }
 
-/// What replaying a loop needs, apart from the rows.
+/// A loop's step and its vector-Jacobian product, as physical
+/// expressions: what replaying the loop needs, apart from the rows.
+#[derive(Debug)]
 struct Replay {
     state: SchemaRef,
     updates: Vec<Arc<dyn PhysicalExpr>>,
     differentiable: Vec<usize>,
     adjoint_schema: SchemaRef,
     adjoints: Vec<Arc<dyn PhysicalExpr>>,
-    every: usize,
 }
 
 impl Replay {
-    /// The derivative `w` for every row of `batch`, of type `t`.
+    /// The derivative `w` for every row of `batch`, of type `t`, keeping
+    /// every `every`-th state of a replay (0: about every √T-th).
     fn derivative(
         &self,
         batch: &RecordBatch,
@@ -400,6 +390,7 @@ impl Replay {
         initial: &[usize],
         w: &Seeds,
         t: &DataType,
+        every: usize,
     ) -> Result<ArrayRef> {
         let n = batch.num_rows();
         let iterations = batch.column(iteration).as_primitive::<Int64Type>();
@@ -439,7 +430,7 @@ impl Replay {
                     }
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let cotangents = self.backwards(first, seeds, count.max(0) as usize)?;
+            let cotangents = self.backwards(first, seeds, count.max(0) as usize, every)?;
             let mut sum: Option<ArrayRef> = None;
             for &i in &w.copies {
                 let c = conform(&cotangents[i], t)?;
@@ -468,8 +459,9 @@ impl Replay {
         first: RecordBatch,
         seeds: Vec<ArrayRef>,
         count: usize,
+        every: usize,
     ) -> Result<Vec<ArrayRef>> {
-        let every = match self.every {
+        let every = match every {
             0 => ((count as f64).sqrt().ceil() as usize).max(1),
             k => k,
         };

@@ -186,12 +186,7 @@ fn is_invariant(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut made = HashSet::new();
     let mut applied = HashSet::new();
     plan.apply(|node| {
-        let reads_loop = node.downcast_ref::<WorkTableExec>().is_some()
-            || node.downcast_ref::<IterationScanExec>().is_some()
-            || node
-                .downcast_ref::<SharedExec>()
-                .is_some_and(SharedExec::reads_iterations);
-        invariant = !reads_loop && !node.boundedness().is_unbounded();
+        invariant = !reads_iterations_here(node) && !node.boundedness().is_unbounded();
         made.extend(
             node.dynamic_expressions_produced()
                 .iter()
@@ -215,6 +210,22 @@ fn is_invariant(plan: &Arc<dyn ExecutionPlan>) -> bool {
     })
     .expect("the visit does not fail");
     invariant && applied.is_subset(&made)
+}
+
+/// Whether `node` itself reads the rows of an iteration: a work table, an
+/// iteration scan, or a subplan computed once per iteration.
+fn reads_iterations_here(node: &Arc<dyn ExecutionPlan>) -> bool {
+    node.downcast_ref::<WorkTableExec>().is_some()
+        || node.downcast_ref::<IterationScanExec>().is_some()
+        || node
+            .downcast_ref::<SharedExec>()
+            .is_some_and(SharedExec::reads_iterations)
+}
+
+/// Whether `plan` or anything under it reads the rows of an iteration.
+pub(crate) fn reads_iterations(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    plan.exists(|node| Ok(reads_iterations_here(node)))
+        .expect("the visit does not fail")
 }
 
 /// Whether keeping `plan`'s rows saves work: not for rows that are already

@@ -24,6 +24,8 @@
 //!   progress;
 //! - [`invariant`]: the parts of a recursive term that do not read the work
 //!   table (a training loop's data), computed once for all iterations;
+//! - [`serial_iterations`]: the rows an iteration passes on kept in their
+//!   partitions (no round-robin repartition per iteration);
 //! - [`adjoint_loop`]: reverse mode through a recursive query's iterations
 //!   (each row's iterations replayed forwards, then backwards).
 //!
@@ -44,6 +46,7 @@ pub mod iterate;
 pub mod iterations;
 pub mod lineage;
 pub mod reverse;
+pub mod serial_iterations;
 pub mod shared;
 
 use std::sync::Arc;
