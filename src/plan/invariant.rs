@@ -214,7 +214,7 @@ fn is_invariant(plan: &Arc<dyn ExecutionPlan>) -> bool {
 
 /// Whether `node` itself reads the rows of an iteration: a work table, an
 /// iteration scan, or a subplan computed once per iteration.
-fn reads_iterations_here(node: &Arc<dyn ExecutionPlan>) -> bool {
+pub(crate) fn reads_iterations_here(node: &Arc<dyn ExecutionPlan>) -> bool {
     node.downcast_ref::<WorkTableExec>().is_some()
         || node.downcast_ref::<IterationScanExec>().is_some()
         || node

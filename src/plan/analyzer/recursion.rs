@@ -86,9 +86,7 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
             visible.push((Column::from(input.schema().qualified_field(i)), at));
         }
     }
-    let tangent = |j: usize, c: usize| -> Result<Expr> {
-        Ok(Expr::Column(column_named(&input, &tangent_column(j, c))?))
-    };
+    let tangent = |j: usize, c: usize| tangents.tangent(j, c, &input);
     let names = NamePreserver::new(&node);
     let mut exprs = Vec::new();
     for e in node.expressions() {
@@ -288,8 +286,12 @@ fn reads_through(
 struct Tangents<'r> {
     r: &'r RecursiveQuery,
     variables: Vec<usize>,
-    /// Its float columns (each gets a tangent per variable).
+    /// Its float columns.
     floats: Vec<usize>,
+    /// For each variable, the float columns it flows into (each gets a
+    /// tangent column; the others' tangents are constant: 1 for the
+    /// variable, 0 otherwise).
+    moving: Vec<Vec<usize>>,
     rules: SharedRules,
 }
 
@@ -335,10 +337,21 @@ impl<'r> Tangents<'r> {
                 }
             }
         }
+        let mut moving = Vec::new();
+        for &v in variables {
+            let mut columns = Vec::new();
+            for &c in &floats {
+                if c != v && through_iterations(r, c, v)? {
+                    columns.push(c);
+                }
+            }
+            moving.push(columns);
+        }
         Ok(Self {
             r,
             variables: variables.to_vec(),
             floats,
+            moving,
             rules: Arc::clone(rules),
         })
     }
@@ -346,12 +359,25 @@ impl<'r> Tangents<'r> {
     /// The names of the tangent columns, in order: variable-major.
     fn names(&self) -> Vec<String> {
         let mut names = Vec::new();
-        for j in 0..self.variables.len() {
-            for &c in &self.floats {
+        for (j, columns) in self.moving.iter().enumerate() {
+            for &c in columns {
                 names.push(tangent_column(j, c));
             }
         }
         names
+    }
+
+    /// The tangent of float column `c` for the `j`-th variable, over
+    /// `plan` (which carries the tangent columns): 1 for the variable
+    /// itself (carried unchanged), 0 for a column it does not flow into.
+    fn tangent(&self, j: usize, c: usize, plan: &LogicalPlan) -> Result<Expr> {
+        if c == self.variables[j] {
+            Ok(lit(1.0))
+        } else if self.moving[j].contains(&c) {
+            Ok(Expr::Column(column_named(plan, &tangent_column(j, c))?))
+        } else {
+            Ok(lit(0.0))
+        }
     }
 
     /// The CTE with its tangent columns, both terms analyzed.
@@ -380,18 +406,15 @@ impl<'r> Tangents<'r> {
         let mut exprs: Vec<Expr> = columns.iter().cloned().map(Expr::Column).collect();
         let names = self.names();
         let mut names = names.iter();
-        for &v in &self.variables {
-            for &c in &self.floats {
-                let tangent = match c == v {
-                    true => lit(1.0),
-                    false => self.marker(
-                        MarkerKind::Grad,
-                        vec![
-                            Expr::Column(columns[c].clone()),
-                            Expr::Column(columns[v].clone()),
-                        ],
-                    ),
-                };
+        for (&v, moving) in self.variables.iter().zip(&self.moving) {
+            for &c in moving {
+                let tangent = self.marker(
+                    MarkerKind::Grad,
+                    vec![
+                        Expr::Column(columns[c].clone()),
+                        Expr::Column(columns[v].clone()),
+                    ],
+                );
                 exprs.push(tangent.alias(names.next().expect("a name per tangent")));
             }
         }
@@ -444,12 +467,12 @@ impl<'r> Tangents<'r> {
         }
         let mut exprs = p.expr.clone();
         let mut names = names.iter();
-        for j in 0..self.variables.len() {
-            for &c in &self.floats {
+        for (j, moving) in self.moving.iter().enumerate() {
+            for &c in moving {
                 let mut args = vec![unalias(&p.expr[c]).clone()];
                 for (column, at) in &previous {
                     args.push(Expr::Column(column.clone()));
-                    args.push(Expr::Column(column_named(&input, &tangent_column(j, *at))?));
+                    args.push(self.tangent(j, *at, &input)?);
                 }
                 let update = match args.len() {
                     1 => lit(0.0),
