@@ -38,6 +38,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::default_table_source::provider_as_source;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
@@ -564,15 +565,18 @@ pub(super) fn carry(
                 for name in &names {
                     exprs.push(Expr::Column(column_named(&input, name)?));
                 }
-                // The CTE's float values too, under names of their own: a
-                // derived column of them above is then differentiated
-                // through them.
+                // The CTE's float (and float tensor) values too, under names
+                // of their own: a derived column of them above is then
+                // differentiated through them.
                 if let LogicalPlan::RecursiveQuery(_) = replacement {
                     let originals = replacement.schema().fields().len() - names.len();
                     for i in 0..input.schema().fields().len() {
                         let (origin, c) = origin_of(&input, i)?;
+                        let t = replacement.schema().field(c).data_type();
+                        let float_tensor = matches!(t, DataType::FixedSizeList(f, _)
+                            if f.data_type().is_floating());
                         if c < originals
-                            && replacement.schema().field(c).data_type().is_floating()
+                            && (t.is_floating() || float_tensor)
                             && origin == replacement
                         {
                             let column = Column::from(input.schema().qualified_field(i));

@@ -17,7 +17,9 @@
 //! previous iteration). A step that joins or aggregates, a column the
 //! variable flows into that is neither a float nor a float tensor, and a
 //! first row that computes a column from the variable (other than copying
-//! it) are refused with a typed error; forward mode
+//! it) are refused with a typed error (and, as a guard, an `f` still
+//! reading a value derived from the CTE after derived columns are written
+//! out over the values projections pass on); forward mode
 //! (`SET datafusion_grad.recursion_mode = 'forward'`) covers the joins and
 //! aggregates for float states.
 //!
@@ -49,7 +51,7 @@ use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::options::RecursionMode;
 use crate::plan::adjoint_loop::{AdjointLoop, LoopStep, Wanted};
-use crate::plan::lineage::{origin_of, overlaps, parts, through_iterations, Part};
+use crate::plan::lineage::{origin_of, overlaps, parts, through_iterations, Part, Scope};
 use crate::plan::unalias;
 use crate::reserved::{
     adjoint_column, initial_column, reverse_column, seed_column, ITERATION_COLUMN,
@@ -221,14 +223,18 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
                 );
             };
             let v = found.variables[j];
-            let f = &call.args[0];
+            // A derived column of the CTE's values in `f` is written out
+            // over them (projections above the CTE pass them on).
+            let columns: Vec<Column> = visible.iter().map(|(c, _)| c.clone()).collect();
+            let f = &Scope::new(vec![&input])?
+                .inline(call.args[0].clone(), &columns, &[])?
+                .data;
             reads_the_cte_directly(f, &input, &cte, &r.name)?;
             let seed = match call.kind() {
                 MarkerKind::Vjp => Seed::Vjp(call.args[2].clone()),
                 MarkerKind::Grad | MarkerKind::Jvp => Seed::Grad,
             };
             let k = wanted.len();
-            let columns: Vec<Column> = visible.iter().map(|(c, _)| c.clone()).collect();
             let cotangents = match columns.is_empty() {
                 true => vec![],
                 false => differentiate(f, &columns, seed, input.schema(), &rules)?.exprs,
