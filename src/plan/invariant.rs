@@ -44,7 +44,7 @@ use datafusion::arrow::array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::internal_err;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::DataFusionError;
 use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::datasource::source::DataSourceExec;
@@ -57,12 +57,11 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::execution_plan::{replace_children_if_necessary, reset_plan_states};
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::CrossJoinExec;
 use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::work_table::WorkTableExec;
@@ -73,9 +72,9 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::iterate::{IterateExec, IterationScanExec};
+use super::iterate::IterationScanExec;
 use super::shared::SharedExec;
-use super::{rewrite_down, Visit};
+use super::{rewrite_down, rewrite_recursive_terms, Visit};
 use crate::options::GradOptions;
 
 /// The physical optimizer rule that keeps the loop-invariant parts of
@@ -99,26 +98,7 @@ impl PhysicalOptimizerRule for LoopInvariants {
             return Ok(plan);
         }
         let cores = config.execution.target_partitions.max(1);
-        plan.transform_up(|node| {
-            let recursive = node.downcast_ref::<RecursiveQueryExec>().is_some()
-                || node.downcast_ref::<IterateExec>().is_some();
-            if !recursive {
-                return Ok(Transformed::no(node));
-            }
-            let children: Vec<Arc<dyn ExecutionPlan>> =
-                node.children().into_iter().cloned().collect();
-            let [static_term, recursive_term] = <[_; 2]>::try_from(children)
-                .or_else(|_| internal_err!("a recursive query has two children"))?;
-            let term = keep_invariants(recursive_term, cores, false)?;
-            match term.transformed {
-                true => Ok(Transformed::yes(replace_children_if_necessary(
-                    node,
-                    vec![static_term, term.data],
-                )?)),
-                false => Ok(Transformed::no(node)),
-            }
-        })
-        .data()
+        rewrite_recursive_terms(plan, &move |term| keep_invariants(term, cores, false))
     }
 
     fn name(&self) -> &str {

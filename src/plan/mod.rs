@@ -51,11 +51,46 @@ pub mod shared;
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::Transformed;
+use datafusion::common::internal_err;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::ExecutionPlan;
+
+/// A rewrite of a physical plan, saying whether it changed it.
+pub(crate) type PlanRewrite =
+    dyn Fn(Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>>;
+
+/// `plan` with the recursive term of every recursive query in it
+/// (DataFusion's `RecursiveQueryExec`, our [`iterate::IterateExec`])
+/// rewritten by `term`; static terms, run once, are left as they are. The
+/// physical rules about loops use it.
+pub(crate) fn rewrite_recursive_terms(
+    plan: Arc<dyn ExecutionPlan>,
+    term: &PlanRewrite,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let recursive = node.downcast_ref::<RecursiveQueryExec>().is_some()
+            || node.downcast_ref::<iterate::IterateExec>().is_some();
+        if !recursive {
+            return Ok(Transformed::no(node));
+        }
+        let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
+        let [static_term, recursive_term] = <[_; 2]>::try_from(children)
+            .or_else(|_| internal_err!("a recursive query has two children"))?;
+        let rewritten = term(recursive_term)?;
+        match rewritten.transformed {
+            true => Ok(Transformed::yes(replace_children_if_necessary(
+                node,
+                vec![static_term, rewritten.data],
+            )?)),
+            false => Ok(Transformed::no(node)),
+        }
+    })
+    .data()
+}
 
 /// What a top-down rewrite of a physical plan ([`rewrite_down`]) does at
 /// one node.

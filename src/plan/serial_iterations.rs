@@ -22,18 +22,16 @@
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::empty::EmptyExec;
-use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
-use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use super::invariant::{reads_iterations, reads_iterations_here};
-use super::iterate::IterateExec;
+use super::rewrite_recursive_terms;
 use crate::options::GradOptions;
 
 /// The physical optimizer rule (see the [module docs](self); registered by
@@ -55,39 +53,17 @@ impl PhysicalOptimizerRule for SerialIterations {
         if spread {
             return Ok(plan);
         }
-        plan.transform_up(|node| {
-            let recursive = node.downcast_ref::<RecursiveQueryExec>().is_some()
-                || node.downcast_ref::<IterateExec>().is_some();
-            if !recursive {
-                return Ok(Transformed::no(node));
+        rewrite_recursive_terms(plan, &|term| {
+            if reads_other_data(&term) {
+                return Ok(Transformed::no(term));
             }
-            let children: Vec<Arc<dyn ExecutionPlan>> =
-                node.children().into_iter().cloned().collect();
-            let mut changed = false;
-            let mut terms = Vec::with_capacity(children.len());
-            for (i, child) in children.into_iter().enumerate() {
-                // Child 0 is the static term, run once.
-                let term = match i {
-                    0 => Transformed::no(child),
-                    _ if reads_other_data(&child) => Transformed::no(child),
-                    _ => child.transform_up(|n| {
-                        Ok(match dealt_from_iterations(&n) {
-                            Some(input) => Transformed::yes(input),
-                            None => Transformed::no(n),
-                        })
-                    })?,
-                };
-                changed |= term.transformed;
-                terms.push(term.data);
-            }
-            match changed {
-                true => Ok(Transformed::yes(replace_children_if_necessary(
-                    node, terms,
-                )?)),
-                false => Ok(Transformed::no(node)),
-            }
+            term.transform_up(|n| {
+                Ok(match dealt_from_iterations(&n) {
+                    Some(input) => Transformed::yes(input),
+                    None => Transformed::no(n),
+                })
+            })
         })
-        .data()
     }
 
     fn name(&self) -> &str {
