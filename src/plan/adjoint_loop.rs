@@ -352,17 +352,12 @@ impl ExecutionPlan for AdjointLoopExec {
         let stream = self.input.execute(partition, context)?.map(move |batch| {
             let batch = batch?;
             let mut columns = batch.columns().to_vec();
-            for (k, w) in wanted.iter().enumerate() {
-                let field = out.field(batch.num_columns() + k);
-                columns.push(replay.derivative(
-                    &batch,
-                    iteration,
-                    &initial,
-                    w,
-                    field.data_type(),
-                    every,
-                )?);
-            }
+            let types: Vec<&DataType> = out.fields()[batch.num_columns()..]
+                .iter()
+                .map(|f| f.data_type())
+                .collect();
+            columns
+                .extend(replay.derivatives(&batch, iteration, &initial, &wanted, &types, every)?);
             Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
@@ -381,20 +376,21 @@ struct Replay {
 }
 
 impl Replay {
-    /// The derivative `w` for every row of `batch`, of type `t`, keeping
-    /// every `every`-th state of a replay (0: about every √T-th).
-    fn derivative(
+    /// The derivatives `wanted` (of types `types`) for every row of
+    /// `batch`, keeping every `every`-th state of a replay (0: about every
+    /// √T-th). Rows with the same iteration count are replayed together,
+    /// once for all the derivatives.
+    fn derivatives(
         &self,
         batch: &RecordBatch,
         iteration: usize,
         initial: &[usize],
-        w: &Seeds,
-        t: &DataType,
+        wanted: &[Seeds],
+        types: &[&DataType],
         every: usize,
-    ) -> Result<ArrayRef> {
+    ) -> Result<Vec<ArrayRef>> {
         let n = batch.num_rows();
         let iterations = batch.column(iteration).as_primitive::<Int64Type>();
-        // Rows by iteration count, replayed together.
         let mut groups: HashMap<i64, Vec<u32>> = HashMap::new();
         for row in 0..n {
             if iterations.is_valid(row) {
@@ -404,63 +400,81 @@ impl Replay {
                     .push(row as u32);
             }
         }
-        let mut parts: Vec<ArrayRef> = vec![new_null_array(t, 1)];
+        // Per derivative, its value for each group (after a NULL for the
+        // rows of no iteration), and where each row's value is.
+        let mut parts: Vec<Vec<ArrayRef>> =
+            types.iter().map(|t| vec![new_null_array(t, 1)]).collect();
         let mut place = vec![(0usize, 0usize); n];
-        for (count, rows) in groups {
+        for (g, (count, rows)) in groups.into_iter().enumerate() {
             let take_rows = UInt32Array::from(rows.clone());
+            let taken =
+                |i: usize, t: &DataType| conform(&take(batch.column(i), &take_rows, None)?, t);
             let first = RecordBatch::try_new(
                 Arc::clone(&self.state),
                 initial
                     .iter()
                     .zip(self.state.fields())
-                    .map(|(&i, f)| {
-                        conform(&take(batch.column(i), &take_rows, None)?, f.data_type())
-                    })
+                    .map(|(&i, f)| taken(i, f.data_type()))
                     .collect::<Result<_>>()?,
             )?;
-            let seeds = w
-                .seeds
+            let seeds = wanted
                 .iter()
-                .zip(&self.differentiable)
-                .map(|(s, &c)| {
-                    let t = self.state.field(c).data_type();
-                    match s {
-                        Some(i) => conform(&take(batch.column(*i), &take_rows, None)?, t),
-                        None => zeros(t, rows.len()),
-                    }
+                .map(|w| {
+                    w.seeds
+                        .iter()
+                        .zip(&self.differentiable)
+                        .map(|(s, &c)| {
+                            let t = self.state.field(c).data_type();
+                            match s {
+                                Some(i) => taken(*i, t),
+                                None => zeros(t, rows.len()),
+                            }
+                        })
+                        .collect::<Result<Vec<_>>>()
                 })
                 .collect::<Result<Vec<_>>>()?;
             let cotangents = self.backwards(first, seeds, count.max(0) as usize, every)?;
-            let mut sum: Option<ArrayRef> = None;
-            for &i in &w.copies {
-                let c = conform(&cotangents[i], t)?;
-                sum = Some(match sum {
-                    Some(s) => add(&s, &c)?,
-                    None => c,
+            for ((w, t), (cotangents, parts)) in wanted
+                .iter()
+                .zip(types)
+                .zip(cotangents.iter().zip(&mut parts))
+            {
+                let mut sum: Option<ArrayRef> = None;
+                for &i in &w.copies {
+                    let c = conform(&cotangents[i], t)?;
+                    sum = Some(match sum {
+                        Some(s) => add(&s, &c)?,
+                        None => c,
+                    });
+                }
+                parts.push(match sum {
+                    Some(s) => s,
+                    None => zeros(t, rows.len())?,
                 });
             }
-            let result = match sum {
-                Some(s) => s,
-                None => zeros(t, rows.len())?,
-            };
-            parts.push(result);
             for (j, &row) in rows.iter().enumerate() {
-                place[row as usize] = (parts.len() - 1, j);
+                place[row as usize] = (g + 1, j);
             }
         }
-        let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
-        Ok(interleave(&parts, &place)?)
+        parts
+            .iter()
+            .map(|parts| {
+                let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+                Ok(interleave(&parts, &place)?)
+            })
+            .collect()
     }
 
-    /// The cotangents of the first row's differentiable columns, given those
-    /// of the row `count` iterations later (`seeds`).
+    /// The cotangents of the first row's differentiable columns, for each
+    /// derivative, given those of the row `count` iterations later
+    /// (`seeds`): one replay for all of them.
     fn backwards(
         &self,
         first: RecordBatch,
-        seeds: Vec<ArrayRef>,
+        seeds: Vec<Vec<ArrayRef>>,
         count: usize,
         every: usize,
-    ) -> Result<Vec<ArrayRef>> {
+    ) -> Result<Vec<Vec<ArrayRef>>> {
         let every = match every {
             0 => ((count as f64).sqrt().ceil() as usize).max(1),
             k => k,
@@ -486,7 +500,9 @@ impl Replay {
                 states.push(self.step(states.last().expect("a state"))?);
             }
             for state in states.iter().rev() {
-                cotangents = self.pullback(state, &cotangents)?;
+                for c in cotangents.iter_mut() {
+                    *c = self.pullback(state, c)?;
+                }
             }
         }
         Ok(cotangents)
