@@ -428,34 +428,8 @@ impl<'r> Tangents<'r> {
     /// The recursive term with each tangent's update, reading the work
     /// table of `static_term`'s schema.
     fn recursive_term(&self, static_term: &LogicalPlan) -> Result<LogicalPlan> {
-        let LogicalPlan::Projection(p) = self.r.recursive_term.as_ref() else {
-            return self.refuse("its recursive term is not a SELECT list");
-        };
-        let mut scans = Vec::new();
-        p.input.apply(|node| {
-            if let LogicalPlan::TableScan(s) = node {
-                if s.table_name.table() == self.r.name {
-                    scans.push(node);
-                }
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })?;
-        let [scan] = scans[..] else {
-            return self.refuse("its recursive term reads the work table more than once");
-        };
-        let LogicalPlan::TableScan(old) = scan else {
-            unreachable!("a table scan")
-        };
-        if old.projection.is_some() || !old.filters.is_empty() {
-            return self.refuse("its work table scan is projected or filtered");
-        }
-        let schema = Arc::new(static_term.schema().as_arrow().clone());
-        let source = provider_as_source(Arc::new(CteWorkTable::new(&self.r.name, schema)));
-        let new_scan =
-            LogicalPlan::TableScan(TableScanBuilder::new(old.table_name.clone(), source).build()?);
         let names = self.names();
-        let input =
-            carry(&p.input, scan, &new_scan, names.clone())?.expect("the work table is read");
+        let (p, input) = term_with_columns(self.r, static_term, &names)?;
         // The previous row's float columns visible at the update, by index.
         let mut previous = Vec::new();
         for i in 0..input.schema().fields().len() {
@@ -487,16 +461,53 @@ impl<'r> Tangents<'r> {
             Arc::new(input),
         )?))
     }
+}
 
-    fn refuse<T>(&self, why: &str) -> Result<T> {
+/// The SELECT list of `r`'s recursive term, and its input reading a work
+/// table of `static_term`'s columns (the CTE's, then `names`) with the
+/// columns `names` carried up to the SELECT list. Refused unless the term
+/// reads the work table once, unprojected and unfiltered.
+pub(super) fn term_with_columns<'r>(
+    r: &'r RecursiveQuery,
+    static_term: &LogicalPlan,
+    names: &[String],
+) -> Result<(&'r Projection, LogicalPlan)> {
+    let refuse = |why: &str| {
         fail(
             ErrorKind::NeedsPlanContext,
             format!(
                 "derivatives through the recursive CTE `{}` are not supported: {why}",
-                self.r.name
+                r.name
             ),
         )
+    };
+    let LogicalPlan::Projection(p) = r.recursive_term.as_ref() else {
+        return refuse("its recursive term is not a SELECT list");
+    };
+    let mut scans = Vec::new();
+    p.input.apply(|node| {
+        if let LogicalPlan::TableScan(s) = node {
+            if s.table_name.table() == r.name {
+                scans.push(node);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let [scan] = scans[..] else {
+        return refuse("its recursive term reads the work table more than once");
+    };
+    let LogicalPlan::TableScan(old) = scan else {
+        unreachable!("a table scan")
+    };
+    if old.projection.is_some() || !old.filters.is_empty() {
+        return refuse("its work table scan is projected or filtered");
     }
+    let schema = Arc::new(static_term.schema().as_arrow().clone());
+    let source = provider_as_source(Arc::new(CteWorkTable::new(&r.name, schema)));
+    let new_scan =
+        LogicalPlan::TableScan(TableScanBuilder::new(old.table_name.clone(), source).build()?);
+    let input = carry(&p.input, scan, &new_scan, names.to_vec())?.expect("the work table is read");
+    Ok((p, input))
 }
 
 /// `plan` analyzed by the markers' analyzer rule (the tangents' markers).

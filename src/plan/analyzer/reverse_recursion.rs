@@ -35,17 +35,15 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::catalog::default_table_source::provider_as_source;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema};
-use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Expr, Extension, LogicalPlan, Projection, RecursiveQuery, TableScanBuilder,
+    lit, Expr, ExprSchemable, Extension, LogicalPlan, Projection, RecursiveQuery,
 };
 
-use super::recursion::{carry, column_named, Found};
+use super::recursion::{carry, column_named, term_with_columns, Found};
 use crate::engine::call::{as_marker, has_marker, MarkerKind};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
@@ -230,6 +228,17 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
                 .inline(call.args[0].clone(), &columns, &[])?
                 .data;
             reads_the_cte_directly(f, &input, &cte, &r.name)?;
+            if call.kind() == MarkerKind::Jvp && !f.get_type(input.schema())?.is_numeric() {
+                return fail(
+                    ErrorKind::UnsupportedType,
+                    format!(
+                        "jvp through the recursive CTE `{}` in reverse mode takes a \
+                         number-valued f, but `{f}` is not; use vjp(f, v, u) with a cotangent \
+                         u of f's shape",
+                        r.name
+                    ),
+                );
+            }
             let seed = match call.kind() {
                 MarkerKind::Vjp => Seed::Vjp(call.args[2].clone()),
                 MarkerKind::Grad | MarkerKind::Jvp => Seed::Grad,
@@ -418,30 +427,7 @@ fn with_history(r: &RecursiveQuery, names: &[String]) -> Result<LogicalPlan> {
     }
     let static_term = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(term.clone()))?);
 
-    let LogicalPlan::Projection(p) = r.recursive_term.as_ref() else {
-        return fail(
-            ErrorKind::NeedsPlanContext,
-            format!("derivatives through the recursive CTE `{}`: its recursive term is not a SELECT list", r.name),
-        );
-    };
-    let mut scan = None;
-    p.input.apply(|node| {
-        if let LogicalPlan::TableScan(s) = node {
-            if s.table_name.table() == r.name {
-                scan = Some(node);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    let Some(LogicalPlan::TableScan(old)) = scan else {
-        unreachable!("a row-wise recursive term reads the work table")
-    };
-    let schema = Arc::new(static_term.schema().as_arrow().clone());
-    let source = provider_as_source(Arc::new(CteWorkTable::new(&r.name, schema)));
-    let new_scan =
-        LogicalPlan::TableScan(TableScanBuilder::new(old.table_name.clone(), source).build()?);
-    let input = carry(&p.input, scan.expect("found"), &new_scan, names.to_vec())?
-        .expect("the work table is read");
+    let (p, input) = term_with_columns(r, &static_term, names)?;
     let mut exprs = p.expr.clone();
     let iteration = Expr::Column(column_named(&input, &names[0])?);
     exprs.push((iteration + lit(1i64)).alias(&names[0]));
