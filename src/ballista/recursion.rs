@@ -13,11 +13,10 @@
 //!    before);
 //!
 //! and then plans the query around it with the accumulated rows as `VALUES`.
-//! A derivative through the recursion in reverse mode (an `AdjointLoop`)
-//! replays the iterations of its rows on the client, its input run on the
-//! cluster.
 //! So a gradient-descent loop written as one recursive query runs each step
-//! on the cluster. The work table travels inside each plan: this suits work
+//! on the cluster. A derivative through the recursion in reverse mode (an
+//! `AdjointLoop`) replays the iterations of its rows on the client, its
+//! input run on the cluster. The work table travels inside each plan: this suits work
 //! tables of model parameters (a few rows per step), not recursive queries
 //! that produce millions of rows. A recursive query inside a subquery
 //! expression is sent as it is (and refused by Ballista).
