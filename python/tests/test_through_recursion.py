@@ -4,7 +4,10 @@ to its parameter and initial state, the hypergradient of gradient descent
 over a data table, a loop whose steps join a data table, a loop whose stop
 depends on the data. Reverse mode: a 64-element tensor state's gradient
 with respect to its initial value (with and without checkpointing), and a
-data-dependent stop with the mode forced."""
+data-dependent stop with the mode forced. Tensor states with a number
+variable (forward mode carries tensor tangents): a matrix-driven vector
+simulation's sensitivity, the hypergradient of a tensor network trained over
+a data table."""
 
 import numpy as np
 import pytest
@@ -200,6 +203,94 @@ def test_tensor_state_in_reverse_mode_matches_jax(every):
     )
     assert got["loss"] == pytest.approx(float(final(jnp.asarray(v0))), rel=1e-12)
     np.testing.assert_allclose(np.asarray(got["g"], dtype=float), want, rtol=1e-10, atol=1e-12)
+
+
+def matrix_literal(m):
+    rows, cols = m.shape
+    return f"tensor([{', '.join(repr(float(v)) for v in m.ravel())}], {rows}, {cols})"
+
+
+@pytest.mark.parametrize("mode", ["auto", "forward", "reverse"])
+def test_tensor_state_sensitivity_to_a_number_matches_jax(mode):
+    # A vector state driven by a matrix, v + dt·k·tanh(A v): the sensitivity
+    # of the final state to the number k (one variable: `auto` takes
+    # forward mode, whose tangent is a vector of the state's shape).
+    steps, dt = 25, 0.1
+    a = RNG.normal(size=(6, 6))
+    v0 = RNG.normal(size=6)
+
+    def final(k):
+        step = lambda _, v: v + dt * k * jnp.tanh(jnp.asarray(a) @ v)
+        return jax.lax.fori_loop(0, steps, step, jnp.asarray(v0))
+
+    k = 0.8
+    want_grad = jax.grad(lambda k: jnp.sum(final(k) ** 2))(k)
+    want_jvp = np.asarray(jax.jvp(final, (k,), (1.5,))[1])
+    ctx = dg.SessionContext()
+    ctx.sql(f"SET datafusion_grad.recursion_mode = '{mode}'").collect()
+    select = "grad(tensor_total(tensor_mul(v, v)), k) AS g"
+    if mode != "reverse":  # reverse mode differentiates number-valued f
+        select += ", jvp(v, k, 1.5) AS t"
+    got = one_row(
+        ctx,
+        f"""
+        WITH RECURSIVE s(step, v, k) AS (
+          SELECT 0, {tensor_literal(v0)}, {num(k)}
+          UNION ALL
+          SELECT step + 1, tensor_add(v, scale(tensor_tanh(matvec({matrix_literal(a)}, v)), {dt} * k)), k
+          FROM s WHERE step < {steps})
+        SELECT {select} FROM s WHERE step = {steps}
+        """,
+    )
+    assert got["g"] == pytest.approx(float(want_grad), rel=1e-9)
+    if mode != "reverse":
+        np.testing.assert_allclose(np.asarray(got["t"], dtype=float), want_jvp, rtol=1e-9, atol=1e-12)
+
+
+def test_hypergradient_of_a_tensor_network_trained_over_a_data_table_matches_jax():
+    # 15 gradient-descent steps of a one-hidden-layer tanh network whose
+    # weights are a matrix and a vector (tensor columns), the gradient
+    # taken through tensor_avg over the data; the hypergradient of the
+    # final loss with respect to the learning rate, in forward mode
+    # (second derivatives through tensor_avg, matvec, tanh and dot).
+    n, steps, hidden, features = 30, 15, 4, 3
+    xs = RNG.normal(size=(n, features))
+    ys = np.sin(xs @ np.array([1.0, -0.5, 0.3]))
+    w0 = 0.5 * RNG.normal(size=(hidden, features))
+    v0 = 0.5 * RNG.normal(size=hidden)
+
+    def loss(w, v):
+        return jnp.mean((jnp.tanh(jnp.asarray(xs) @ w.T) @ v - jnp.asarray(ys)) ** 2)
+
+    def final_loss(lr):
+        def step(_, wv):
+            gw, gv = jax.grad(loss, argnums=(0, 1))(*wv)
+            return (wv[0] - lr * gw, wv[1] - lr * gv)
+
+        return loss(*jax.lax.fori_loop(0, steps, step, (jnp.asarray(w0), jnp.asarray(v0))))
+
+    lr = 0.3
+    ctx = dg.SessionContext()
+    rows = " UNION ALL ".join(
+        f"SELECT {tensor_literal(x)} AS x, {num(y)} AS y" for x, y in zip(xs, ys)
+    )
+    ctx.sql(f"CREATE TABLE d AS {rows}").collect()
+    row_loss = "power(dot(v, tensor_tanh(matvec(w, x))) - y, 2)"
+    got = one_row(
+        ctx,
+        f"""
+        WITH RECURSIVE p(step, w, v, lr) AS (
+          SELECT 0, {matrix_literal(w0)}, {tensor_literal(v0)}, {num(lr)}
+          UNION ALL
+          SELECT step + 1, tensor_sub(w, scale(tensor_avg(grad({row_loss}, w)), lr)),
+                 tensor_sub(v, scale(tensor_avg(grad({row_loss}, v)), lr)), lr
+          FROM p CROSS JOIN d WHERE step < {steps} GROUP BY step, w, v, lr)
+        SELECT avg({row_loss}) AS loss, grad(avg({row_loss}), lr) AS dlr
+        FROM p CROSS JOIN d WHERE step = {steps} GROUP BY lr
+        """,
+    )
+    assert got["loss"] == pytest.approx(float(final_loss(lr)), rel=1e-10)
+    assert got["dlr"] == pytest.approx(float(jax.grad(final_loss)(lr)), rel=1e-8)
 
 
 def test_data_dependent_stop_in_reverse_mode_matches_jax():

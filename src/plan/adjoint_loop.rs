@@ -553,7 +553,8 @@ fn conform(array: &ArrayRef, t: &DataType) -> Result<ArrayRef> {
         let values: Float64Array = (0..numbers.len() * size)
             .map(|i| numbers.is_valid(i / size).then(|| numbers.value(i / size)))
             .collect();
-        let values = cast(&(Arc::new(values) as ArrayRef), field.data_type())?;
+        // A matrix's rows are vectors of the number too.
+        let values = conform(&(Arc::new(values) as ArrayRef), field.data_type())?;
         return Ok(Arc::new(FixedSizeListArray::try_new(
             Arc::clone(field),
             size as i32,
@@ -569,7 +570,8 @@ fn zeros(t: &DataType, n: usize) -> Result<ArrayRef> {
     conform(&(Arc::new(Float64Array::from(vec![0.0; n])) as ArrayRef), t)
 }
 
-/// `a + b`, element by element (floats or float tensors of one shape).
+/// `a + b`, element by element (floats or float vectors or matrices of one
+/// shape).
 fn add(a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
     use datafusion::arrow::compute::kernels::numeric;
     match a.data_type() {
@@ -579,7 +581,7 @@ fn add(a: &ArrayRef, b: &ArrayRef) -> Result<ArrayRef> {
             Ok(Arc::new(FixedSizeListArray::try_new(
                 Arc::clone(field),
                 *size,
-                numeric::add(a.values(), b.values())?,
+                add(a.values(), b.values())?,
                 nulls,
             )?))
         }

@@ -12,6 +12,7 @@
 //! | `sum(g)` | `sum(dg)` |
 //! | `avg(g)` | `avg(dg)` |
 //! | `count(…)` | `0` |
+//! | `tensor_sum(g)` / `tensor_avg(g)` | `tensor_sum(dg)` / `tensor_avg(dg)` (elementwise) |
 //! | `var_samp(g)` / `var_pop(g)` | `2·covar_samp(g, dg)` / `2·covar_pop(g, dg)` |
 //! | `stddev(g)` / `stddev_pop(g)` | `covar_samp(g, dg) / stddev(g)` / `covar_pop(g, dg) / stddev_pop(g)` |
 //! | `covar_samp(a, b)` / `covar_pop(a, b)` | `covar(da, b) + covar(a, db)` (same kind) |
@@ -48,6 +49,7 @@ use datafusion::logical_expr::{
 
 use super::num;
 use crate::error::GradError;
+use crate::tensor;
 
 /// One call of an aggregate, with the derivatives of its arguments.
 #[derive(Debug)]
@@ -165,6 +167,12 @@ pub const AGGREGATE_RULES: &[(&str, AggregateRule)] = &[
         |c| Ok(c.aggregate(avg_udaf(), vec![c.derivative(0)])),
     ),
     ("count", |_| Ok(num(0.0))),
+    ("tensor_sum", |c| {
+        Ok(c.aggregate(tensor_aggregate("tensor_sum"), vec![c.derivative(0)]))
+    }),
+    ("tensor_avg", |c| {
+        Ok(c.aggregate(tensor_aggregate("tensor_avg"), vec![c.derivative(0)]))
+    }),
     ("var", |c| Ok(num(2.0) * covariance(c, covar_samp_udaf()))),
     (
         "var_pop",
@@ -184,6 +192,15 @@ pub const AGGREGATE_RULES: &[(&str, AggregateRule)] = &[
     ("min", |c| extreme(c, min_udaf())),
     ("corr", correlation),
 ];
+
+/// The tensor aggregate `name` (`tensor_sum`, `tensor_avg`).
+fn tensor_aggregate(name: &str) -> Arc<AggregateUDF> {
+    let udaf = tensor::aggregates()
+        .into_iter()
+        .find(|a| a.name() == name)
+        .expect("a tensor aggregate");
+    Arc::new(udaf)
+}
 
 /// `max(g)` / `min(g)`: the derivative at the rows that attain it, split
 /// evenly among ties (as JAX does): `sum(dg where g = m) / count(g = m)`,
@@ -228,7 +245,7 @@ fn covariance_product(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Expr {
 /// is: they aggregate the arguments' derivatives alone (over the rows where
 /// the argument is not NULL), and a derivative is NULL exactly where its
 /// argument is.
-pub const SAME_NULLS: &[&str] = &["sum", "avg", "max", "min"];
+pub const SAME_NULLS: &[&str] = &["sum", "avg", "max", "min", "tensor_sum", "tensor_avg"];
 
 /// The rule for the aggregate function `udaf`, by its name or one of its
 /// aliases (case-insensitive), and the name it has in the table.

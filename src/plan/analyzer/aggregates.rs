@@ -11,10 +11,16 @@
 //! the rows. Those columns (and a copy of each `Aⱼ`) are carried up to the
 //! marker's node, and the marker becomes the forward-mode
 //! `jvp(f, A₁, dA₁/dw, …, Aₘ, dAₘ/dw, w, 1)`, which the analyzer then
-//! differentiates like any other marker.
+//! differentiates like any other marker. A `jvp` whose tangents are
+//! constant within the groups (literals, outer variables, GROUP BY keys)
+//! takes one aggregate per `Aⱼ` along all its variables at once,
+//! `dAⱼ = agg(jvp(g, w₁, t₁, …))`, and becomes `jvp(f, A₁, dA₁, …, w₁, t₁, …)`:
+//! fewer aggregates, and tensor variables (whose `dA/dw` would be a
+//! Jacobian) are followed.
 //!
 //! Refused with a typed error: `w` varying within a group (it must be a GROUP
-//! BY key, or the marker goes inside the aggregate), `DISTINCT` aggregates,
+//! BY key, or the marker goes inside the aggregate), a tensor `w` outside
+//! such a `jvp` (`tensor_avg(grad(loss, w))` is the per-row form), `DISTINCT` aggregates,
 //! aggregates without a rule (`median`, `first_value`, …), window outputs,
 //! and a marker nested inside another marker that reads aggregates.
 //!
@@ -36,13 +42,14 @@ use datafusion::logical_expr::{
 };
 
 use super::rewrite_node;
-use crate::engine::call::{as_marker, has_marker, Marker, MarkerKind};
+use crate::engine::call::{as_marker, has_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind, GradError};
 use crate::plan::free_variables::{
     is_outer_variable, outer_name, outer_variables, plan_reads, same_outer, subquery_reads,
 };
 use crate::plan::lineage::{
-    expr_parts, identity_of, overlaps, parts, rereads, value_use_of_outer, AggregateRef, Scope,
+    expr_parts, identity_of, overlaps, parts, rereads, value_use_of_outer, AggregateRef, Identity,
+    Scope,
 };
 use crate::plan::unalias;
 use crate::reserved::Placeholder;
@@ -173,7 +180,25 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
     if refs.is_empty() {
         return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
     }
+    // A jvp whose tangents are constant within the aggregates' groups
+    // (literals, outer variables, keys) is taken in one pass: each
+    // aggregate's derivative along the tangent, `agg(jvp(g, w₁, t₁, …))`,
+    // instead of one derivative aggregate per variable. Tensor variables
+    // need it (their per-variable derivative would be a Jacobian).
+    let tangents: Vec<Expr> = match kind {
+        MarkerKind::Jvp => call.args[2..].iter().step_by(2).cloned().collect(),
+        _ => vec![],
+    };
+    let mut fused = kind == MarkerKind::Jvp;
+    for r in &refs {
+        for t in &tangents {
+            fused &= tangent_below(t, r, scope)?.is_some();
+        }
+    }
     for (v, _) in &variables {
+        if fused {
+            break;
+        }
         let t = match v {
             Expr::Column(c) => scope
                 .schema()
@@ -239,34 +264,115 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         })
         .collect();
     let f = Placeholder::Aggregate.fill(f, &values)?;
-    let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules)));
-    // The total derivative with respect to each variable.
-    let mut totals = Vec::with_capacity(variables.len());
-    for (v, _) in &variables {
-        let id = match v {
-            Expr::Column(c) => scope.identity(c)?,
-            _ => None,
-        };
+    let identity = |v: &Expr| match v {
+        Expr::Column(c) => scope.identity(c),
+        _ => Ok(None),
+    };
+    // `jvp(f, A₁, dA₁, …, Aₘ, dAₘ, w₁, t₁, …)` along `directions`.
+    let mut along = |directions: &[Direction], tail: Vec<Expr>| -> Result<Expr> {
         let mut args = vec![f.clone()];
         let mut nulls_like = Vec::new();
         for (r, value) in refs.iter().zip(&values) {
             args.push(value.clone());
-            let (tangent, same_nulls) = derivative_aggregate(r, id, v, &grad, scope, added)?;
+            let (tangent, same_nulls) = derivative_aggregate(r, directions, &rules, scope, added)?;
             if same_nulls {
                 nulls_like.push((args.len(), args.len() - 1));
             }
             args.push(tangent);
         }
-        args.extend([v.clone(), lit(1.0)]);
+        args.extend(tail);
         let jvp = Marker::jvp_with_nulls_like(Arc::clone(&rules), nulls_like);
-        totals.push(Expr::ScalarFunction(ScalarFunction::new_udf(
+        Ok(Expr::ScalarFunction(ScalarFunction::new_udf(
             Arc::new(ScalarUDF::new_from_impl(jvp)),
             args,
-        )));
+        )))
+    };
+    if fused {
+        let mut directions = Vec::new();
+        let mut tail = Vec::new();
+        for ((v, _), t) in variables.iter().zip(&tangents) {
+            directions.push(Direction {
+                id: identity(v)?,
+                w: v,
+                tangent: Some(t.clone()),
+            });
+            tail.extend([v.clone(), t.clone()]);
+        }
+        let result = along(&directions, tail)?;
+        return Ok(Transformed::new(result, true, TreeNodeRecursion::Jump));
+    }
+    // The total derivative with respect to each variable.
+    let mut totals = Vec::with_capacity(variables.len());
+    for (v, _) in &variables {
+        let direction = Direction {
+            id: identity(v)?,
+            w: v,
+            tangent: None,
+        };
+        totals.push(along(&[direction], vec![v.clone(), lit(1.0)])?);
     }
     let names = variables.iter().map(|(_, name)| name.as_str());
     let result = kind.assemble(call.args, names, totals)?;
     Ok(Transformed::new(result, true, TreeNodeRecursion::Jump))
+}
+
+/// A variable of a marker, its identity (`None` for an outer variable),
+/// and its tangent over the marker's input (`None`: seed 1, one variable).
+struct Direction<'a> {
+    id: Option<Identity>,
+    w: &'a Expr,
+    tangent: Option<Expr>,
+}
+
+/// The GROUP BY (or PARTITION BY) keys of the aggregate output `r`, and
+/// the input they are computed over.
+fn keys_of<'p>(r: &AggregateRef<'p>) -> (&'p [Expr], &'p Arc<LogicalPlan>) {
+    match (r.plan, aggregate_call(r)) {
+        (LogicalPlan::Window(win), Expr::WindowFunction(call)) => {
+            (&call.params.partition_by, &win.input)
+        }
+        (LogicalPlan::Aggregate(a), _) => (&a.group_expr, &a.input),
+        _ => unreachable!("aggregate references point at Aggregate and Window nodes"),
+    }
+}
+
+/// The key of `r`'s groups whose value has identity `id`, if one has.
+fn key_with<'p>(r: &AggregateRef<'p>, id: Option<Identity>) -> Result<Option<&'p Expr>> {
+    let Some(id) = id else {
+        return Ok(None);
+    };
+    let (keys, input) = keys_of(r);
+    for (i, k) in keys.iter().enumerate() {
+        let identity = match (r.plan, unalias(k)) {
+            // A group key is output `i` of the Aggregate.
+            (LogicalPlan::Aggregate(_), _) => identity_of(r.plan, i)?,
+            (_, Expr::Column(c)) => identity_of(input, input.schema().index_of_column(c)?)?,
+            _ => None,
+        };
+        if identity == Some(id) {
+            return Ok(Some(k));
+        }
+    }
+    Ok(None)
+}
+
+/// The tangent `t` (over the marker's input) as the rows of the aggregate
+/// output `r` see it: each column it reads replaced by the key of `r`'s
+/// groups holding the same value; `None` if one is not a key (the tangent
+/// may then vary within a group).
+fn tangent_below(t: &Expr, r: &AggregateRef, scope: &Scope) -> Result<Option<Expr>> {
+    let mut visible = true;
+    let below = t.clone().transform_up(|e| match &e {
+        Expr::Column(c) => match key_with(r, scope.identity(c)?)? {
+            Some(k) => Ok(Transformed::yes(unalias(k).clone())),
+            None => {
+                visible = false;
+                Ok(Transformed::no(e))
+            }
+        },
+        _ => Ok(Transformed::no(e)),
+    })?;
+    Ok(visible.then_some(below.data))
 }
 
 /// The aggregate (or window function) expression behind an output.
@@ -278,15 +384,14 @@ fn aggregate_call<'p>(r: &AggregateRef<'p>) -> &'p Expr {
     }
 }
 
-/// `dA/dw` for the aggregate (or window) output `r` as an expression over new
-/// aggregate (window) columns of its node, and whether it is SQL NULL
-/// exactly where `A` is; `id` is the variable's identity (`None` for an
-/// outer variable, which is constant within every group).
+/// The derivative of the aggregate (or window) output `r` along
+/// `directions` (`dA/dw` for one variable seeded 1) as an expression over
+/// new aggregate (window) columns of its node, and whether it is SQL NULL
+/// exactly where `A` is.
 fn derivative_aggregate(
     r: &AggregateRef,
-    id: Option<crate::plan::lineage::Identity>,
-    w: &Expr,
-    grad: &ScalarUDF,
+    directions: &[Direction],
+    rules: &SharedRules,
     scope: &Scope,
     added: &mut Added,
 ) -> Result<(Expr, bool)> {
@@ -312,9 +417,15 @@ fn derivative_aggregate(
                 // Piecewise constant in what it partitions and orders by
                 // (`row_number`, `rank`, …), so it contributes 0 unless a
                 // variable flows into its arguments (`lag(x)`).
-                if !reads_variable(&call.params.args, &win.input, w, scope)? {
-                    return Ok((lit(0.0), false));
+                let mut read = None;
+                for d in directions {
+                    if reads_variable(&call.params.args, &win.input, d.w, scope)? {
+                        read = Some(d.w);
+                    }
                 }
+                let Some(w) = read else {
+                    return Ok((lit(0.0), false));
+                };
                 return Err(GradError::non_differentiable(
                     f.name(),
                     &format!(
@@ -334,93 +445,96 @@ fn derivative_aggregate(
         }
     };
     let name = udaf.name();
-    // The variable below the aggregate: one of its keys.
-    let mut key = None;
-    for (i, k) in keys.iter().enumerate() {
-        let identity = match (r.plan, unalias(k)) {
-            // A group key is output `i` of the Aggregate.
-            (LogicalPlan::Aggregate(_), _) => identity_of(r.plan, i)?,
-            (_, Expr::Column(c)) => identity_of(input, input.schema().index_of_column(c)?)?,
-            _ => None,
-        };
-        if id.is_some() && identity == id {
-            key = Some(k);
-        }
-    }
     let keyword = match r.plan {
         LogicalPlan::Window(_) => "PARTITION BY",
         _ => "GROUP BY",
     };
-    let w_in = match (w, key.map(unalias)) {
-        (Expr::OuterReferenceColumn(_, c), _) => {
-            let is_c = |e: &Expr| Ok(matches!(e, Expr::OuterReferenceColumn(_, o) if o == c));
-            if value_use_of_outer(input, c)?.is_none()
-                && !args.iter().any(|a| a.exists(is_c).unwrap_or(true))
-            {
-                // Neither the aggregate nor its input reads the outer column
-                // as a value (an equality key selects rows: piecewise constant).
-                return Ok((lit(0.0), false));
+    // Each variable below the aggregate (one of its keys, or an outer
+    // variable) with its tangent there; variables its rows do not depend
+    // on are left out.
+    let mut below: Vec<(Expr, Option<Expr>)> = Vec::new();
+    for Direction { id, w, tangent } in directions {
+        let (id, w) = (*id, *w);
+        let key = key_with(r, id)?;
+        let w_in = match (w, key.map(unalias)) {
+            (Expr::OuterReferenceColumn(_, c), _) => {
+                let is_c = |e: &Expr| Ok(matches!(e, Expr::OuterReferenceColumn(_, o) if o == c));
+                if value_use_of_outer(input, c)?.is_none()
+                    && !args.iter().any(|a| a.exists(is_c).unwrap_or(true))
+                {
+                    // Neither the aggregate nor its input reads the outer column
+                    // as a value (an equality key selects rows: piecewise constant).
+                    continue;
+                }
+                w.clone()
             }
-            w.clone()
-        }
-        (Expr::Placeholder(_), _) => {
-            let reads = |e: &Expr| e.exists(|n| Ok(same_outer(n, w) || subquery_reads(n, w)?));
-            if !args.iter().any(|a| reads(a).unwrap_or(true)) && !plan_reads(input, w)? {
-                // The aggregate's rows do not depend on the parameter.
-                return Ok((lit(0.0), false));
+            (Expr::Placeholder(_), _) => {
+                let reads = |e: &Expr| e.exists(|n| Ok(same_outer(n, w) || subquery_reads(n, w)?));
+                if !args.iter().any(|a| reads(a).unwrap_or(true)) && !plan_reads(input, w)? {
+                    // The aggregate's rows do not depend on the parameter.
+                    continue;
+                }
+                w.clone()
             }
-            w.clone()
-        }
-        (_, Some(Expr::Column(c))) => Expr::Column(c.clone()),
-        (_, Some(other)) => {
-            return fail(
-                ErrorKind::NeedsPlanContext,
-                format!(
-                    "the variable `{w}` is the key `{other}`, an expression; use the column \
-                     itself in {keyword} to differentiate {name}(…) with respect to it"
-                ),
-            )
-        }
-        (_, None) => {
-            let below = Scope::new(vec![input.as_ref()])?;
-            if id.is_some_and(|id| below.sees(id)) {
+            (_, Some(Expr::Column(c))) => Expr::Column(c.clone()),
+            (_, Some(other)) => {
                 return fail(
                     ErrorKind::NeedsPlanContext,
                     format!(
-                        "the variable `{w}` varies within the groups of {name}(…): add it to \
-                         the {keyword} (it is then constant within each group), or put the \
-                         marker inside the aggregate, e.g. avg(grad(f, {w}))"
+                        "the variable `{w}` is the key `{other}`, an expression; use the column \
+                         itself in {keyword} to differentiate {name}(…) with respect to it"
                     ),
-                );
+                )
             }
-            if let Expr::Column(c) = w {
-                // Another scan of the variable's rows: the aggregate depends
-                // on the variable in the other rows.
-                if overlaps(&scope.parts(c)?, &parts(r.plan, r.idx)?) {
-                    let what = match r.plan {
-                        LogicalPlan::Window(_) => "window function",
-                        _ => "aggregate",
-                    };
-                    return rereads(c, &format!("the {what} `{}`", aggregate_call(r)));
-                }
-                if input.schema().has_column(c) || keys.iter().any(|k| unalias(k) == w) {
-                    // The same name below, but not traced to the same value:
-                    // never guess 0 (seen with a prepared statement's
-                    // parameter, substituted before the plan is analyzed).
+            (_, None) => {
+                let below = Scope::new(vec![input.as_ref()])?;
+                if id.is_some_and(|id| below.sees(id)) {
                     return fail(
                         ErrorKind::NeedsPlanContext,
                         format!(
-                            "the variable `{w}` is visible below {name}(…) but could not be \
-                             traced to the same value there; put the marker inside the \
-                             aggregate instead, e.g. avg(grad(f, {w}))"
+                            "the variable `{w}` varies within the groups of {name}(…): add it to \
+                             the {keyword} (it is then constant within each group), or put the \
+                             marker inside the aggregate, e.g. avg(grad(f, {w}))"
                         ),
                     );
                 }
+                if let Expr::Column(c) = w {
+                    // Another scan of the variable's rows: the aggregate depends
+                    // on the variable in the other rows.
+                    if overlaps(&scope.parts(c)?, &parts(r.plan, r.idx)?) {
+                        let what = match r.plan {
+                            LogicalPlan::Window(_) => "window function",
+                            _ => "aggregate",
+                        };
+                        return rereads(c, &format!("the {what} `{}`", aggregate_call(r)));
+                    }
+                    if input.schema().has_column(c) || keys.iter().any(|k| unalias(k) == w) {
+                        // The same name below, but not traced to the same value:
+                        // never guess 0 (seen with a prepared statement's
+                        // parameter, substituted before the plan is analyzed).
+                        return fail(
+                            ErrorKind::NeedsPlanContext,
+                            format!(
+                                "the variable `{w}` is visible below {name}(…) but could not \
+                                 be traced to the same value there; put the marker inside \
+                                 the aggregate instead, e.g. avg(grad(f, {w}))"
+                            ),
+                        );
+                    }
+                }
+                // The aggregate's input does not see the variable at all.
+                continue;
             }
-            // The aggregate's input does not see the variable at all.
-            return Ok((lit(0.0), false));
-        }
-    };
+        };
+        let tangent = match tangent {
+            Some(t) => Some(tangent_below(t, r, scope)?.expect("checked visible below")),
+            None => None,
+        };
+        below.push((w_in, tangent));
+    }
+    if below.is_empty() {
+        return Ok((lit(0.0), false));
+    }
     if distinct {
         return fail(
             ErrorKind::NonDifferentiable,
@@ -431,12 +545,23 @@ fn derivative_aggregate(
         GradError::non_differentiable(
             name,
             "no derivative rule is registered for this aggregate (supported: sum, avg, count, \
-             var_samp, var_pop, stddev, stddev_pop, covar_samp, covar_pop, corr, min, max)",
+             tensor_sum, tensor_avg, var_samp, var_pop, stddev, stddev_pop, covar_samp, \
+             covar_pop, corr, min, max)",
         )
     })?;
+    let marker = |kind| ScalarUDF::new_from_impl(Marker::new(kind, Arc::clone(rules)));
     let derivatives = args
         .iter()
-        .map(|g| grad.call(vec![g.clone(), w_in.clone()]))
+        .map(|g| match &below[..] {
+            [(w_in, None)] => marker(MarkerKind::Grad).call(vec![g.clone(), w_in.clone()]),
+            _ => {
+                let mut jvp = vec![g.clone()];
+                for (w_in, t) in &below {
+                    jvp.extend([w_in.clone(), t.clone().unwrap_or(lit(1.0))]);
+                }
+                marker(MarkerKind::Jvp).call(jvp)
+            }
+        })
         .collect();
     let derivative = match (r.plan, aggregate_call(r)) {
         (LogicalPlan::Aggregate(a), Expr::AggregateFunction(call)) => {

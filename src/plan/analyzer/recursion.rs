@@ -6,8 +6,9 @@
 //! recursive term carries unchanged (a hyperparameter, a copy of the
 //! initial state) and whose `f` reads columns that `v` flows into through
 //! the iterations, the derivative is the total one. The CTE gets one
-//! tangent column `__dfgrad_tangent{j}_{c}` = d c / d vⱼ per float column
-//! `c` and variable `vⱼ`:
+//! tangent column `__dfgrad_tangent{j}_{c}` = d c / d vⱼ per float or
+//! float tensor column `c` (a tensor of `c`'s shape) and number variable
+//! `vⱼ`:
 //!
 //! - static term: `d c / d v` of the first row, as the analyzer takes it
 //!   over the term's output: 1 for `v` itself, and for another column the
@@ -25,14 +26,16 @@
 //! as JAX treats a `while_loop`'s trip count under `jvp`. Refused, typed:
 //! several work-table scans in the recursive term, `UNION` (distinct: the
 //! tangents would change which rows are duplicates), a marker mixing such
-//! variables with others, and the CTE's columns reaching the marker through an aggregate,
+//! variables with others, a tensor variable (a tangent per element: reverse
+//! mode), a column of another compound type the variable flows into, and
+//! the CTE's columns reaching the marker through an aggregate,
 //! window or set operation (put the marker inside the aggregate:
 //! `avg(grad(loss, lr))`, or group by the variable). Projections between
 //! the CTE and the marker also pass its float values on
 //! (`__dfgrad_value{c}`), so a derived column of them is differentiated
 //! through them.
 //!
-//! Where a variable flows into a tensor column (with
+//! Where a variable is a tensor (with
 //! `datafusion_grad.recursion_mode = 'auto'`), or the setting asks for it,
 //! the markers are taken in reverse mode instead (`reverse_recursion.rs`).
 
@@ -46,8 +49,8 @@ use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Aggregate, Expr, Filter, Join, JoinType, Limit, LogicalPlan, Projection, RecursiveQuery,
-    ScalarUDF, Sort, SubqueryAlias, TableScanBuilder,
+    lit, Aggregate, Expr, ExprSchemable, Filter, Join, JoinType, Limit, LogicalPlan, Projection,
+    RecursiveQuery, ScalarUDF, Sort, SubqueryAlias, TableScanBuilder,
 };
 use datafusion::optimizer::AnalyzerRule;
 
@@ -57,6 +60,7 @@ use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{copy_of, origin_of, parts, through_iterations, Part};
 use crate::plan::unalias;
 use crate::reserved::{carried_value, tangent_column};
+use crate::tensor::{self, Shape};
 
 /// `node` with each marker whose variables are carried columns of a
 /// recursive CTE that `f` reads through the iterations rewritten in
@@ -110,7 +114,8 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
                         .zip(call.args[2..].iter().step_by(2))
                         .map(|(v, t)| (*v, t.clone()))
                         .collect(),
-                    MarkerKind::Vjp if vars.len() == 1 => vec![(vars[0], call.args[2].clone())],
+                    // u · (df/dv · 1), paired below.
+                    MarkerKind::Vjp if vars.len() == 1 => vec![(vars[0], lit(1.0))],
                     _ => {
                         return fail(
                             ErrorKind::NeedsPlanContext,
@@ -128,20 +133,46 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
                 for (column, c) in &visible {
                     let mut total: Option<Expr> = None;
                     for (j, seed) in &seeds {
-                        let term = seed.clone() * tangent(*j, *c)?;
-                        total = Some(match total {
-                            Some(t) => t + term,
-                            None => term,
+                        let Some(t) = tangent(*j, *c)? else {
+                            continue;
+                        };
+                        let term = match tangents.is_tensor(*c) {
+                            true => tensor::call("scale", vec![t, seed.clone()]),
+                            false => seed.clone() * t,
+                        };
+                        total = Some(match (total, tangents.is_tensor(*c)) {
+                            (Some(s), true) => tensor::call("tensor_add", vec![s, term]),
+                            (Some(s), false) => s + term,
+                            (None, _) => term,
                         });
                     }
-                    args.push(Expr::Column(column.clone()));
-                    args.push(total.expect("a variable"));
+                    if let Some(total) = total {
+                        args.push(Expr::Column(column.clone()));
+                        args.push(total);
+                    }
+                }
+                if args.len() == 1 {
+                    // No tangent reaches the columns `f` reads here: 0.
+                    args.extend([call.args[1].clone(), lit(0.0)]);
                 }
                 let jvp = ScalarUDF::new_from_impl(Marker::new(
                     MarkerKind::Jvp,
                     Arc::clone(&found.rules),
                 ));
-                Ok(Transformed::yes(jvp.call(args)))
+                let total = jvp.call(args);
+                Ok(Transformed::yes(match kind {
+                    MarkerKind::Vjp => {
+                        let u = call.args[2].clone();
+                        match Shape::is_tensor_type(&u.get_type(input.schema().as_ref())?) {
+                            true => tensor::call(
+                                "tensor_total",
+                                vec![tensor::call("tensor_mul", vec![u, total])],
+                            ),
+                            false => u * total,
+                        }
+                    }
+                    _ => total,
+                }))
             })?
             .data;
         exprs.push(saved.restore(e));
@@ -283,11 +314,17 @@ fn reads_through(
     Ok(false)
 }
 
+/// Whether forward mode carries a tangent for a column of type `t`: floats
+/// and float tensors (whose tangents are tensors of their shape).
+fn carries_tangent(t: &DataType) -> bool {
+    t.is_floating() || Shape::is_tensor_type(t)
+}
+
 /// A recursive CTE with tangent columns for some of its columns.
 struct Tangents<'r> {
     r: &'r RecursiveQuery,
     variables: Vec<usize>,
-    /// Its float columns.
+    /// Its float and float tensor columns.
     floats: Vec<usize>,
     /// For each variable, the float columns it flows into (each gets a
     /// tangent column; the others' tangents are constant: 1 for the
@@ -309,27 +346,44 @@ impl<'r> Tangents<'r> {
             );
         }
         let schema = r.static_term.schema();
-        let floats = (0..schema.fields().len())
-            .filter(|&i| schema.field(i).data_type().is_floating())
+        let floats: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| carries_tangent(schema.field(i).data_type()))
             .collect();
-        // Forward mode carries one float tangent per column: a tensor (or
-        // other compound) column that a variable flows into would be taken
-        // as constant, silently.
+        // Forward mode carries one tangent of a column's own shape per
+        // scalar variable: a tensor variable would need one per element,
+        // and a column of another compound type that a variable flows into
+        // would be taken as constant, silently.
+        for &v in variables {
+            let t = schema.field(v).data_type();
+            if t.is_nested() || t.is_decimal() {
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "derivatives through the recursive CTE `{}` in forward mode with \
+                         respect to `{}` ({t}): forward mode takes float and integer \
+                         variables (a tensor variable needs a tangent per element); reverse \
+                         mode (recursion_mode 'auto' or 'reverse') takes float tensor \
+                         variables",
+                        r.name,
+                        schema.field(v).name()
+                    ),
+                );
+            }
+        }
         for (i, field) in schema.fields().iter().enumerate() {
             let t = field.data_type();
-            if !(t.is_nested() || t.is_decimal()) {
+            if !(t.is_nested() || t.is_decimal()) || floats.contains(&i) {
                 continue;
             }
             for &v in variables {
-                if v == i || through_iterations(r, i, v)? {
+                if through_iterations(r, i, v)? {
                     return fail(
                         ErrorKind::NeedsPlanContext,
                         format!(
                             "derivatives through the recursive CTE `{}`: its column `{}` \
                              ({t}) is computed from the variable `{}` through the \
-                             iterations; forward mode carries float columns only (reverse \
-                             mode, recursion_mode 'auto' or 'reverse', follows float tensor \
-                             states)",
+                             iterations; forward mode carries float and float tensor \
+                             columns only",
                             r.name,
                             field.name(),
                             schema.field(v).name()
@@ -368,17 +422,26 @@ impl<'r> Tangents<'r> {
         names
     }
 
-    /// The tangent of float column `c` for the `j`-th variable, over
-    /// `plan` (which carries the tangent columns): 1 for the variable
-    /// itself (carried unchanged), 0 for a column it does not flow into.
-    fn tangent(&self, j: usize, c: usize, plan: &LogicalPlan) -> Result<Expr> {
+    /// The tangent of float (or float tensor) column `c` for the `j`-th
+    /// variable, over `plan` (which carries the tangent columns): 1 for
+    /// the variable itself (carried unchanged), `None` (zero) for a column
+    /// it does not flow into.
+    fn tangent(&self, j: usize, c: usize, plan: &LogicalPlan) -> Result<Option<Expr>> {
         if c == self.variables[j] {
-            Ok(lit(1.0))
+            Ok(Some(lit(1.0)))
         } else if self.moving[j].contains(&c) {
-            Ok(Expr::Column(column_named(plan, &tangent_column(j, c))?))
+            Ok(Some(Expr::Column(column_named(
+                plan,
+                &tangent_column(j, c),
+            )?)))
         } else {
-            Ok(lit(0.0))
+            Ok(None)
         }
+    }
+
+    /// Whether column `c` is a tensor (its tangents are tensors too).
+    fn is_tensor(&self, c: usize) -> bool {
+        Shape::is_tensor_type(self.r.static_term.schema().field(c).data_type())
     }
 
     /// The CTE with its tangent columns, both terms analyzed.
@@ -409,13 +472,14 @@ impl<'r> Tangents<'r> {
         let mut names = names.iter();
         for (&v, moving) in self.variables.iter().zip(&self.moving) {
             for &c in moving {
-                let tangent = self.marker(
-                    MarkerKind::Grad,
-                    vec![
-                        Expr::Column(columns[c].clone()),
-                        Expr::Column(columns[v].clone()),
-                    ],
+                let (value, variable) = (
+                    Expr::Column(columns[c].clone()),
+                    Expr::Column(columns[v].clone()),
                 );
+                let tangent = match self.is_tensor(c) {
+                    true => self.marker(MarkerKind::Jvp, vec![value, variable, lit(1.0)]),
+                    false => self.marker(MarkerKind::Grad, vec![value, variable]),
+                };
                 exprs.push(tangent.alias(names.next().expect("a name per tangent")));
             }
         }
@@ -446,11 +510,14 @@ impl<'r> Tangents<'r> {
             for &c in moving {
                 let mut args = vec![unalias(&p.expr[c]).clone()];
                 for (column, at) in &previous {
-                    args.push(Expr::Column(column.clone()));
-                    args.push(self.tangent(j, *at, &input)?);
+                    if let Some(tangent) = self.tangent(j, *at, &input)? {
+                        args.push(Expr::Column(column.clone()));
+                        args.push(tangent);
+                    }
                 }
-                let update = match args.len() {
-                    1 => lit(0.0),
+                let update = match (args.len(), self.is_tensor(c)) {
+                    (1, false) => lit(0.0),
+                    (1, true) => tensor::call("zeros_like", args),
                     _ => self.marker(MarkerKind::Jvp, args),
                 };
                 exprs.push(update.alias(names.next().expect("a name per tangent")));

@@ -70,27 +70,20 @@ pub(super) fn with_mode<T>(mode: RecursionMode, analysis: impl FnOnce() -> T) ->
 }
 
 /// Whether the derivatives for `variables` through `r` are taken in
-/// reverse mode: as set, or (`auto`) where a variable flows into a
-/// compound column (a tensor), which forward mode cannot carry.
+/// reverse mode: as set, or (`auto`) where a variable is a tensor (many
+/// variables, one per element, which forward mode would carry a tangent
+/// for each of).
 pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize]) -> Result<bool> {
-    match MODE.with(Cell::get) {
-        RecursionMode::Forward => Ok(false),
-        RecursionMode::Reverse => Ok(true),
+    Ok(match MODE.with(Cell::get) {
+        RecursionMode::Forward => false,
+        RecursionMode::Reverse => true,
         RecursionMode::Auto => {
             let schema = r.static_term.schema();
-            for (i, field) in schema.fields().iter().enumerate() {
-                if !field.data_type().is_nested() {
-                    continue;
-                }
-                for &v in variables {
-                    if v == i || through_iterations(r, i, v)? {
-                        return Ok(true);
-                    }
-                }
-            }
-            Ok(false)
+            variables
+                .iter()
+                .any(|&v| schema.field(v).data_type().is_nested())
         }
-    }
+    })
 }
 
 /// `node` (over `input`) with its markers through the CTE of `found`
@@ -306,13 +299,10 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
     node.with_new_exprs(exprs, vec![adjoint])
 }
 
-/// Floats and float tensors: the columns that carry a cotangent.
+/// Floats and float tensors (vectors, matrices): the columns that carry a
+/// cotangent.
 fn is_differentiable(t: &DataType) -> bool {
-    match t {
-        DataType::Float64 => true,
-        DataType::FixedSizeList(f, _) => f.data_type() == &DataType::Float64,
-        _ => false,
-    }
+    *t == DataType::Float64 || tensor::Shape::is_tensor_type(t)
 }
 
 /// `a + b` for cotangents of type `t`.
