@@ -192,7 +192,12 @@ impl<'w, 'a> Sweep<'w, 'a> {
     /// from selection conditions only, never from flows, so no flow is
     /// duplicated in the emitted expression.
     fn product(&mut self, (flow, guard): Flow, (p, selects): Factor) -> Result<Flow> {
-        let mut term = self.ws.g.binary(Operator::Multiply, flow, p);
+        // A tensor's flow through a number factor (a `CASE` branch's
+        // indicator) is scaled by it.
+        let mut term = match Shape::is_tensor_type(&self.ws.data_type(flow)?) {
+            true => self.ws.scale(flow, p),
+            false => self.ws.g.binary(Operator::Multiply, flow, p),
+        };
         if let Some(g) = guard {
             if self.ws.g.number(term) != Some(0.0) && !self.ws.is_safe(p)? {
                 term = self.ws.case_when(g, term, None);

@@ -523,6 +523,11 @@ impl<'a> Workspace<'a> {
         self.tensor_call("tensor_add", &[a, b])
     }
 
+    /// The tensor node `t` times the number node `s`.
+    pub(crate) fn scale(&mut self, t: NodeId, s: NodeId) -> NodeId {
+        self.tensor_call("scale", &[t, s])
+    }
+
     fn tensor_call(&mut self, name: &str, args: &[NodeId]) -> NodeId {
         let shell = crate::tensor::call(name, vec![graph::hole(); args.len()]);
         self.g.add(shell, args)

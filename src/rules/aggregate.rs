@@ -247,16 +247,37 @@ fn covariance_product(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Expr {
 /// argument is.
 pub const SAME_NULLS: &[&str] = &["sum", "avg", "max", "min", "tensor_sum", "tensor_avg"];
 
+/// The rules of the aggregates whose gradient with respect to a tensor
+/// GROUP BY key `w` is the same aggregate of the rows' gradients (tensors
+/// of `w`'s shape): `grad(avg(loss), w)` is `tensor_avg(grad(loss, w))`.
+pub const TENSOR_KEY_RULES: &[(&str, AggregateRule)] = &[
+    ("sum", |c| {
+        Ok(c.aggregate(tensor_aggregate("tensor_sum"), vec![c.derivative(0)]))
+    }),
+    ("avg", |c| {
+        Ok(c.aggregate(tensor_aggregate("tensor_avg"), vec![c.derivative(0)]))
+    }),
+    ("count", |_| Ok(num(0.0))),
+];
+
 /// The rule for the aggregate function `udaf`, by its name or one of its
 /// aliases (case-insensitive), and the name it has in the table.
 pub fn aggregate_rule(udaf: &AggregateUDF) -> Option<(&'static str, AggregateRule)> {
+    lookup(AGGREGATE_RULES, udaf)
+}
+
+/// The rule of [`TENSOR_KEY_RULES`] for `udaf`, as [`aggregate_rule`].
+pub fn tensor_key_rule(udaf: &AggregateUDF) -> Option<(&'static str, AggregateRule)> {
+    lookup(TENSOR_KEY_RULES, udaf)
+}
+
+fn lookup(
+    table: &'static [(&'static str, AggregateRule)],
+    udaf: &AggregateUDF,
+) -> Option<(&'static str, AggregateRule)> {
     std::iter::once(udaf.name())
         .chain(udaf.aliases().iter().map(String::as_str))
-        .flat_map(|n| {
-            AGGREGATE_RULES
-                .iter()
-                .filter(move |(k, _)| k.eq_ignore_ascii_case(n))
-        })
+        .flat_map(|n| table.iter().filter(move |(k, _)| k.eq_ignore_ascii_case(n)))
         .copied()
         .next()
 }

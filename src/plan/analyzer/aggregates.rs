@@ -20,7 +20,9 @@
 //!
 //! Refused with a typed error: `w` varying within a group (it must be a GROUP
 //! BY key, or the marker goes inside the aggregate), a tensor `w` outside
-//! such a `jvp` (`tensor_avg(grad(loss, w))` is the per-row form), `DISTINCT` aggregates,
+//! such a `jvp` except in `grad` through `sum`, `avg` and `count` of
+//! numbers (`∂f/∂w + Σⱼ ∂f/∂Aⱼ · agg(grad(gⱼ, w))`; otherwise
+//! `tensor_avg(grad(loss, w))` is the per-row form), `DISTINCT` aggregates,
 //! aggregates without a rule (`median`, `first_value`, …), window outputs,
 //! and a marker nested inside another marker that reads aggregates.
 //!
@@ -34,6 +36,7 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
 use datafusion::error::Result;
+use datafusion::functions::core::expr_fn::get_field;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
@@ -53,8 +56,8 @@ use crate::plan::lineage::{
 };
 use crate::plan::unalias;
 use crate::reserved::Placeholder;
-use crate::rules::aggregate::{aggregate_rule, AggregateCall, SAME_NULLS};
-use crate::tensor::Shape;
+use crate::rules::aggregate::{aggregate_rule, tensor_key_rule, AggregateCall, SAME_NULLS};
+use crate::tensor::{self, Shape};
 
 /// Rewrites the markers of `node` that read aggregate outputs, adding their
 /// derivative aggregates below; `node` unchanged when none does.
@@ -195,6 +198,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             fused &= tangent_below(t, r, scope)?.is_some();
         }
     }
+    let mut tensors = Vec::new();
     for (v, _) in &variables {
         if fused {
             break;
@@ -213,17 +217,22 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
                 .map_or(DataType::Null, |f| f.data_type().clone()),
             _ => unreachable!("variables are columns and outer variables"),
         };
-        if Shape::is_tensor_type(&t) {
+        let numbers_only = refs
+            .iter()
+            .all(|r| !r.plan.schema().field(r.idx).data_type().is_nested());
+        if Shape::is_tensor_type(&t) && (kind != MarkerKind::Grad || !numbers_only) {
             return fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
                     "{}: differentiating through an aggregate with respect to the tensor `{v}` \
-                     is not supported; aggregate the per-row gradient instead, e.g. \
-                     tensor_avg(grad(loss, {v})) for grad(avg(loss), {v})",
+                     is supported for grad through aggregates with number values; aggregate \
+                     the per-row derivative instead, e.g. tensor_avg(grad(loss, {v})) for \
+                     grad(avg(loss), {v})",
                     kind.name()
                 ),
             );
         }
+        tensors.push(Shape::is_tensor_type(&t));
     }
     if has_marker(&f) {
         return fail(
@@ -269,12 +278,13 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         _ => Ok(None),
     };
     // `jvp(f, A₁, dA₁, …, Aₘ, dAₘ, w₁, t₁, …)` along `directions`.
-    let mut along = |directions: &[Direction], tail: Vec<Expr>| -> Result<Expr> {
+    let along = |directions: &[Direction], tail: Vec<Expr>, added: &mut Added| -> Result<Expr> {
         let mut args = vec![f.clone()];
         let mut nulls_like = Vec::new();
         for (r, value) in refs.iter().zip(&values) {
             args.push(value.clone());
-            let (tangent, same_nulls) = derivative_aggregate(r, directions, &rules, scope, added)?;
+            let (tangent, same_nulls) =
+                derivative_aggregate(r, directions, false, &rules, scope, added)?;
             if same_nulls {
                 nulls_like.push((args.len(), args.len() - 1));
             }
@@ -298,18 +308,51 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
             });
             tail.extend([v.clone(), t.clone()]);
         }
-        let result = along(&directions, tail)?;
+        let result = along(&directions, tail, added)?;
         return Ok(Transformed::new(result, true, TreeNodeRecursion::Jump));
     }
     // The total derivative with respect to each variable.
     let mut totals = Vec::with_capacity(variables.len());
-    for (v, _) in &variables {
+    for ((v, _), &tensor) in variables.iter().zip(&tensors) {
         let direction = Direction {
             id: identity(v)?,
             w: v,
             tangent: None,
         };
-        totals.push(along(&[direction], vec![v.clone(), lit(1.0)])?);
+        if !tensor {
+            totals.push(along(&[direction], vec![v.clone(), lit(1.0)], added)?);
+            continue;
+        }
+        // A tensor key: `∂f/∂w + Σⱼ (∂f/∂Aⱼ) · dAⱼ/dw`, the partials from
+        // one gradient of `f` with respect to `w` and the `Aⱼ`, each
+        // `dAⱼ/dw` the aggregate of the rows' gradients (a tensor of `w`'s
+        // shape).
+        // (`∂f/∂w` only where `f` reads `w` itself.)
+        let direct = matches!(v, Expr::Column(c) if f.column_refs().contains(c));
+        let mut wrt = vec![f.clone()];
+        wrt.extend(direct.then(|| v.clone()));
+        wrt.extend(values.iter().cloned());
+        let wrt_count = wrt.len() - 1;
+        let partials =
+            ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&rules))).call(wrt);
+        let one = wrt_count == 1;
+        let partial = |x: &Expr| match x {
+            _ if one => partials.clone(),
+            Expr::Column(c) => get_field(partials.clone(), c.name.clone()),
+            _ => unreachable!("a tensor variable is a column"),
+        };
+        let mut total = direct.then(|| partial(v));
+        for (r, value) in refs.iter().zip(&values) {
+            let (d, _) = derivative_aggregate(r, &[direction.clone()], true, &rules, scope, added)?;
+            if !matches!(d, Expr::Literal(..)) {
+                let term = tensor::call("scale", vec![d, partial(value)]);
+                total = Some(match total {
+                    Some(t) => tensor::call("tensor_add", vec![t, term]),
+                    None => term,
+                });
+            }
+        }
+        totals.push(total.unwrap_or_else(|| tensor::call("zeros_like", vec![v.clone()])));
     }
     let names = variables.iter().map(|(_, name)| name.as_str());
     let result = kind.assemble(call.args, names, totals)?;
@@ -318,6 +361,7 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
 
 /// A variable of a marker, its identity (`None` for an outer variable),
 /// and its tangent over the marker's input (`None`: seed 1, one variable).
+#[derive(Clone)]
 struct Direction<'a> {
     id: Option<Identity>,
     w: &'a Expr,
@@ -391,6 +435,7 @@ fn aggregate_call<'p>(r: &AggregateRef<'p>) -> &'p Expr {
 fn derivative_aggregate(
     r: &AggregateRef,
     directions: &[Direction],
+    tensor_key: bool,
     rules: &SharedRules,
     scope: &Scope,
     added: &mut Added,
@@ -541,14 +586,24 @@ fn derivative_aggregate(
             format!("{name}(DISTINCT …) has no derivative: equal values are merged"),
         );
     }
-    let (rule_name, rule) = aggregate_rule(udaf).ok_or_else(|| {
-        GradError::non_differentiable(
-            name,
-            "no derivative rule is registered for this aggregate (supported: sum, avg, count, \
-             tensor_sum, tensor_avg, var_samp, var_pop, stddev, stddev_pop, covar_samp, \
-             covar_pop, corr, min, max)",
-        )
-    })?;
+    let (rule_name, rule) = match tensor_key {
+        false => aggregate_rule(udaf).ok_or_else(|| {
+            GradError::non_differentiable(
+                name,
+                "no derivative rule is registered for this aggregate (supported: sum, avg, \
+                 count, tensor_sum, tensor_avg, var_samp, var_pop, stddev, stddev_pop, \
+                 covar_samp, covar_pop, corr, min, max)",
+            )
+        })?,
+        true => tensor_key_rule(udaf).ok_or_else(|| {
+            GradError::non_differentiable(
+                name,
+                "its gradient with respect to a tensor GROUP BY key is not supported (supported: \
+                 sum, avg, count); aggregate the per-row derivative instead, e.g. \
+                 tensor_avg(grad(loss, w))",
+            )
+        })?,
+    };
     let marker = |kind| ScalarUDF::new_from_impl(Marker::new(kind, Arc::clone(rules)));
     let derivatives = args
         .iter()
