@@ -40,7 +40,7 @@ use datafusion::functions::core::expr_fn::get_field;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Aggregate, Expr, JoinType, LogicalPlan, Projection, ScalarUDF, Window,
+    lit, Aggregate, Expr, ExprSchemable, JoinType, LogicalPlan, Projection, ScalarUDF, Window,
     WindowFunctionDefinition,
 };
 
@@ -608,16 +608,19 @@ fn derivative_aggregate(
     let derivatives = args
         .iter()
         .map(|g| match &below[..] {
-            [(w_in, None)] => marker(MarkerKind::Grad).call(vec![g.clone(), w_in.clone()]),
+            // (A tensor argument's derivative is `jvp(g, w, 1)`, of its shape.)
+            [(w_in, None)] if !is_tensor(g, input)? => {
+                Ok(marker(MarkerKind::Grad).call(vec![g.clone(), w_in.clone()]))
+            }
             _ => {
                 let mut jvp = vec![g.clone()];
                 for (w_in, t) in &below {
                     jvp.extend([w_in.clone(), t.clone().unwrap_or(lit(1.0))]);
                 }
-                marker(MarkerKind::Jvp).call(jvp)
+                Ok(marker(MarkerKind::Jvp).call(jvp))
             }
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let derivative = match (r.plan, aggregate_call(r)) {
         (LogicalPlan::Aggregate(a), Expr::AggregateFunction(call)) => {
             rule(&AggregateCall::new(call, &a.group_expr, derivatives))?
@@ -659,6 +662,11 @@ fn derivative_aggregate(
         })?
         .data;
     Ok((derivative, SAME_NULLS.contains(&rule_name)))
+}
+
+/// Whether `e` (over `input`) is tensor-valued.
+fn is_tensor(e: &Expr, input: &LogicalPlan) -> Result<bool> {
+    Ok(Shape::is_tensor_type(&e.get_type(input.schema().as_ref())?))
 }
 
 /// Whether the arguments `args` (over `input`) of an aggregate or window
