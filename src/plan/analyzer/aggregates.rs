@@ -343,7 +343,14 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
         };
         let mut total = direct.then(|| partial(v));
         for (r, value) in refs.iter().zip(&values) {
-            let (d, _) = derivative_aggregate(r, &[direction.clone()], true, &rules, scope, added)?;
+            let (d, _) = derivative_aggregate(
+                r,
+                std::slice::from_ref(&direction),
+                true,
+                &rules,
+                scope,
+                added,
+            )?;
             if !matches!(d, Expr::Literal(..)) {
                 let term = tensor::call("scale", vec![d, partial(value)]);
                 total = Some(match total {
@@ -361,7 +368,6 @@ fn rewrite_marker(e: Expr, scope: &Scope, added: &mut Added) -> Result<Transform
 
 /// A variable of a marker, its identity (`None` for an outer variable),
 /// and its tangent over the marker's input (`None`: seed 1, one variable).
-#[derive(Clone)]
 struct Direction<'a> {
     id: Option<Identity>,
     w: &'a Expr,
