@@ -23,6 +23,7 @@
 //! | `__dfgrad_adj{i}`, `__dfgrad_term{i}`, `__dfgrad_d{k}`, `__dfgrad_key{j}` | adjoints (of an output, of a term), partial derivatives and group or row keys of the backward pass |
 //! | `__dfgrad_seed`, `__dfgrad_stats` | qualifiers of a group's adjoints and of its statistics while they are joined |
 //! | `__dfgrad_gradient`, `__dfgrad_table{k}` | a gradient table's derivative column, and the table's qualifier where it is joined |
+//! | `__dfgrad_updated` | whether a row of an `UPDATE` overwriting its table was updated ([`crate::plan::overwrite`]) |
 //! | `__dfgrad_duplicate_rows` | the check that a parameter relation's rows are told apart |
 //! | `__dfgrad_value{c}` | a recursive CTE's column `c` passed on under a name of its own to a derivative through its iterations |
 //! | `__dfgrad_tangent{j}_{c}` | the tangent of a recursive CTE's column `c` with respect to variable `j`, carried through its iterations ([`crate::plan::analyzer`]) |
@@ -227,6 +228,9 @@ pub(crate) const STATS: &str = "__dfgrad_stats";
 
 /// A gradient table's derivative column.
 pub(crate) const GRADIENT: &str = "__dfgrad_gradient";
+
+/// Whether a row an [`crate::plan::overwrite::Overwrite`] writes was updated.
+pub(crate) const UPDATED: &str = "__dfgrad_updated";
 
 /// The function that fails on a parameter row its other columns do not
 /// tell apart.

@@ -393,3 +393,59 @@ async fn progress_reports_each_iteration_and_the_rows_before_it() -> Result<()> 
     assert_eq!(progress_of(twice).await?, expected);
     Ok(())
 }
+
+/// A gradient-descent step as `UPDATE` over an in-memory parameter table
+/// (relational reverse mode): the count, and each row moved against the
+/// gradient of the loss before the step; a file-backed table is refused.
+#[tokio::test]
+async fn update_steps_a_parameter_table() -> Result<()> {
+    let ctx = datafusion_grad::session_context();
+    for sql in [
+        "CREATE TABLE p(g INT, val DOUBLE) AS VALUES (1, 2.0), (2, 3.0), (3, 7.0)",
+        "CREATE TABLE d(g INT, x DOUBLE) AS VALUES (1, 1.0), (1, 2.0), (2, 5.0)",
+        "CREATE VIEW l AS SELECT sum(d.x * p.val * p.val) AS loss FROM d JOIN p ON p.g = d.g",
+    ] {
+        ctx.sql(sql).await?.collect().await?;
+    }
+    let step = "UPDATE p SET val = val - 0.01 * grad((SELECT loss FROM l), val)";
+    let mut want = [2.0, 3.0, 7.0];
+    for _ in 0..3 {
+        let counts = ctx.sql(step).await?.collect().await?;
+        let count = counts[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<datafusion::arrow::array::UInt64Array>()
+            .expect("a count")
+            .value(0);
+        assert_eq!(count, 3);
+        // ∂/∂val_g = 2 val_g Σ x over g's data rows (3, 5, none)
+        for (v, s) in want.iter_mut().zip([3.0, 5.0, 0.0]) {
+            *v -= 0.01 * 2.0 * *v * s;
+        }
+    }
+    let got = values(ctx.sql("SELECT val FROM p ORDER BY g").await?).await?;
+    assert_close(&got, &want);
+
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("w.csv");
+    std::fs::write(&path, "g,val\n1,2.0\n2,3.0\n")?;
+    ctx.sql(&format!(
+        "CREATE EXTERNAL TABLE w STORED AS CSV LOCATION '{}' OPTIONS ('format.has_header' 'true')",
+        path.display()
+    ))
+    .await?
+    .collect()
+    .await?;
+    ctx.sql("CREATE VIEW lw AS SELECT sum(d.x * w.val * w.val) AS loss FROM d JOIN w ON w.g = d.g")
+        .await?
+        .collect()
+        .await?;
+    let (kind, message) = error_kind(
+        &ctx,
+        "UPDATE w SET val = val - 0.01 * grad((SELECT loss FROM lw), val)",
+    )
+    .await;
+    assert_eq!(kind, ErrorKind::NeedsPlanContext, "{message}");
+    assert!(message.contains("in-memory tables only"), "{message}");
+    Ok(())
+}

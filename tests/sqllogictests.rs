@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array};
+use datafusion::arrow::array::{Array, ArrayRef, Float32Array, Float64Array, UInt64Array};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::error::DataFusionError;
@@ -112,7 +112,14 @@ impl sqllogictest::AsyncDB for Grad {
                 && !sql.trim_start().to_ascii_lowercase().starts_with("select")
                 && !sql.trim_start().to_ascii_lowercase().starts_with("with"));
         if is_statement {
-            return Ok(DBOutput::StatementComplete(0));
+            // DML reports its row count (`statement count N`).
+            let count = batches
+                .iter()
+                .filter(|b| b.num_columns() == 1)
+                .filter_map(|b| b.column(0).as_any().downcast_ref::<UInt64Array>())
+                .flat_map(|a| a.iter().flatten())
+                .sum();
+            return Ok(DBOutput::StatementComplete(count));
         }
         let types = schema
             .fields()

@@ -13,21 +13,18 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
-use crate::error::{fail, ErrorKind};
 use crate::plan::bindings::inline_all;
-use crate::reserved::is_gradient_table_qualifier;
 
 /// `plan` with the computed columns its `UPDATE`s and `DELETE`s read
 /// written out.
 pub(crate) fn inline_updates(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     plan.transform_up_with_subqueries(|node| match node {
         LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Update | WriteOp::Delete) => {
-            refuse_gradient_tables(&dml)?;
             let input = inline_all(dml.input.as_ref().clone())?;
             if input == *dml.input {
                 return Ok(Transformed::no(LogicalPlan::Dml(dml)));
@@ -39,29 +36,6 @@ pub(crate) fn inline_updates(plan: LogicalPlan) -> Result<Transformed<LogicalPla
         }
         _ => Ok(Transformed::no(node)),
     })
-}
-
-/// Refuses an `UPDATE`/`DELETE` whose expressions need a gradient with
-/// respect to a table's rows: DataFusion 55 evaluates them over the
-/// table's own columns, where a joined gradient table cannot be read.
-fn refuse_gradient_tables(dml: &DmlStatement) -> Result<()> {
-    let joined = dml.input.exists(|node| {
-        Ok(matches!(node, LogicalPlan::SubqueryAlias(s) if is_gradient_table_qualifier(&s.alias)))
-    })?;
-    if !joined {
-        return Ok(());
-    }
-    fail(
-        ErrorKind::NeedsPlanContext,
-        format!(
-            "{} {}: the derivative with respect to a table's rows (a loss query that reads the \
-             variable's own rows) is a gradient table joined to the rows, which DataFusion \
-             55's UPDATE and DELETE cannot read (they evaluate expressions over the table's \
-             own columns); write the step as `CREATE OR REPLACE TABLE … AS SELECT …, val - \
-             rate * grad(…) AS val FROM …` instead",
-            dml.op, dml.table_name
-        ),
-    )
 }
 
 /// The optimizer rule that writes out the common subexpressions DataFusion's

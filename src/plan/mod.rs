@@ -15,6 +15,8 @@
 //! - [`bindings`]: the projections that bind shared parts, written back
 //!   inline for the text export and DML;
 //! - [`dml`]: `UPDATE`/`DELETE` over computed columns;
+//! - [`overwrite`]: `UPDATE` with a gradient with respect to the table's
+//!   own rows, as a replacement of its contents;
 //! - [`broadcast`]: the physical rule that broadcasts a global aggregate;
 //! - [`shared`]: subplans read several times (the forward aggregates a
 //!   backward pass reads again) computed once per query;
@@ -45,6 +47,7 @@ pub mod invariant;
 pub mod iterate;
 pub mod iterations;
 pub mod lineage;
+pub mod overwrite;
 pub mod reverse;
 pub mod serial_iterations;
 pub mod shared;

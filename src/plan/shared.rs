@@ -58,6 +58,7 @@ use futures::TryStreamExt;
 use super::adjoint_loop::AdjointLoopPlanner;
 use super::iterate::{iterate_loops, IteratePlanner};
 use super::iterations::limit_iterations;
+use super::overwrite::OverwritePlanner;
 
 /// `plan`, marked to be computed once however often the query reads it
 /// (see the [module docs](self)).
@@ -170,6 +171,7 @@ impl QueryPlanner for SharingPlanner {
             caches,
             Arc::new(IteratePlanner),
             Arc::new(AdjointLoopPlanner),
+            Arc::new(OverwritePlanner),
         ])
         .create_physical_plan(&plan, session)
         .await?;

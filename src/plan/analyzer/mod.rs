@@ -62,6 +62,7 @@ use super::dml::inline_updates;
 use super::expand::expand_markers;
 use super::free_variables::{has_outer_variable, outer_variables};
 use super::lineage::{correlated_value_use, refuse_outer_rereads, refuse_rereads, Scope};
+use super::overwrite::{overwrite_updates, updates_gradient_table};
 use crate::engine::call::{as_marker, has_marker, into_marker, Marker, SharedRules};
 use crate::engine::{share, Layer, Workspace};
 use crate::error::{fail, ErrorKind};
@@ -75,14 +76,14 @@ pub struct GradAnalyzer;
 impl AnalyzerRule for GradAnalyzer {
     fn analyze(&self, plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
         refuse_outer_rereads(&plan)?;
-        let plan = reverse_recursion::with_mode(RecursionMode::of(config), || {
-            plan.transform_up_with_subqueries(rewrite_node)
-        })?;
-        let plan = match plan.transformed {
-            true => refresh_outer_references(plan.data)?,
-            false => plan.data,
+        let analyzed = differentiate(plan.clone(), config)?;
+        // An UPDATE that needs a gradient table overwrites its table instead
+        // (see `crate::plan::overwrite`): planned again in that form.
+        let analyzed = match updates_gradient_table(&analyzed)? {
+            true => differentiate(overwrite_updates(plan)?, config)?,
+            false => analyzed,
         };
-        inline_updates(plan).map(|t| t.data)
+        inline_updates(analyzed).map(|t| t.data)
     }
 
     fn name(&self) -> &str {
@@ -122,6 +123,17 @@ impl OptimizerRule for GradBeforeOptimizing {
         Ok(Transformed::yes(
             GradAnalyzer.analyze(plan, config.options().as_ref())?,
         ))
+    }
+}
+
+/// `plan` with its markers rewritten, node by node from the leaves up.
+fn differentiate(plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
+    let plan = reverse_recursion::with_mode(RecursionMode::of(config), || {
+        plan.transform_up_with_subqueries(rewrite_node)
+    })?;
+    match plan.transformed {
+        true => refresh_outer_references(plan.data),
+        false => Ok(plan.data),
     }
 }
 

@@ -1,0 +1,368 @@
+//! `UPDATE` whose assignments need a gradient with respect to the table's
+//! own rows (relational reverse mode).
+//!
+//! DataFusion 55 executes `UPDATE` by evaluating the assignments over the
+//! table's own columns, batch by batch, and such a gradient is a gradient
+//! table joined to the rows ([`crate::plan::analyzer`]'s `tables`). So the
+//! statement is planned here as an [`Overwrite`]: its input computes every
+//! row of the table — the rows the `WHERE` clause selects with their new
+//! values, the others as they are — and [`OverwriteExec`] replaces the
+//! contents of the (in-memory) table with them once all are computed, so
+//! every row's gradient is of the loss *before* the step, as in one step of
+//! gradient descent. It returns the number of rows updated, as `UPDATE`
+//! does. Other tables (views, files, remote catalogs) are refused with a
+//! typed error.
+//!
+//! ```sql
+//! -- one gradient-descent step over a parameter table
+//! UPDATE weight SET val = val - 0.1 * grad((SELECT loss FROM loss_view), val);
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{Array, BooleanArray, RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::{MemTable, Session, TableProvider};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_err, DFSchemaRef, TableReference};
+use datafusion::datasource::source_as_provider;
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    lit, DmlStatement, Expr, Extension, LogicalPlan, LogicalPlanBuilder, TableSource,
+    UserDefinedLogicalNode, UserDefinedLogicalNodeCore, WriteOp,
+};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+};
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
+
+use crate::error::{fail, ErrorKind};
+use crate::reserved::{is_gradient_table_qualifier, UPDATED};
+
+/// Whether `plan` holds an `UPDATE` whose input joins a gradient table.
+pub(crate) fn updates_gradient_table(plan: &LogicalPlan) -> Result<bool> {
+    plan.exists(|node| match node {
+        LogicalPlan::Dml(dml) if dml.op == WriteOp::Update => dml.input.exists(|node| {
+            Ok(matches!(node, LogicalPlan::SubqueryAlias(s)
+                if is_gradient_table_qualifier(&s.alias)))
+        }),
+        _ => Ok(false),
+    })
+}
+
+/// `plan` (not yet differentiated) with each `UPDATE` planned as an
+/// [`Overwrite`] of every row; see the [module docs](self).
+pub(crate) fn overwrite_updates(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up(|node| match node {
+        LogicalPlan::Dml(dml) if dml.op == WriteOp::Update => {
+            Ok(Transformed::yes(Overwrite::of_update(dml)?.into_plan()))
+        }
+        node => Ok(Transformed::no(node)),
+    })
+    .map(|t| t.data)
+}
+
+/// Every row of a table, computed by `input` (the table's columns, then
+/// whether the row was updated, `__dfgrad_updated`), written as its new
+/// contents; one row out, the number of rows updated.
+#[derive(Clone)]
+pub struct Overwrite {
+    table_name: TableReference,
+    target: Arc<dyn TableSource>,
+    input: LogicalPlan,
+    schema: DFSchemaRef,
+}
+
+impl Overwrite {
+    /// The overwrite doing what the `UPDATE` `dml` does: DataFusion plans
+    /// it as the assignments projected over the rows `WHERE` selects
+    /// (`Projection(Filter(scan))`); here those rows are followed by the
+    /// rows it does not select (`p IS NOT TRUE`), unchanged.
+    fn of_update(dml: DmlStatement) -> Result<Self> {
+        let LogicalPlan::Projection(assigned) = dml.input.as_ref() else {
+            return internal_err!("an UPDATE's input is a projection");
+        };
+        let (predicate, rows) = match assigned.input.as_ref() {
+            LogicalPlan::Filter(f) => (Some(f.predicate.clone()), f.input.as_ref()),
+            rows => (None, rows),
+        };
+        let scan = match rows {
+            LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
+            rows => rows,
+        };
+        if !matches!(scan, LogicalPlan::TableScan(_)) {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "UPDATE {} with a derivative with respect to a table's rows: the rows to \
+                     update are not read straight from an in-memory table (a view?); write the \
+                     step as `CREATE OR REPLACE TABLE … AS SELECT` instead",
+                    dml.table_name
+                ),
+            );
+        }
+        let mut updated: Vec<Expr> = assigned.expr.clone();
+        updated.push(lit(true).alias(UPDATED));
+        let updated = LogicalPlanBuilder::from(assigned.input.as_ref().clone()).project(updated)?;
+        let input = match predicate {
+            None => updated.build()?,
+            Some(p) => {
+                let mut kept: Vec<Expr> = rows
+                    .schema()
+                    .columns()
+                    .into_iter()
+                    .map(Expr::Column)
+                    .collect();
+                kept.push(lit(false).alias(UPDATED));
+                let kept = LogicalPlanBuilder::from(rows.clone())
+                    .filter(Expr::IsNotTrue(Box::new(p)))?
+                    .project(kept)?
+                    .build()?;
+                updated.union(kept)?.build()?
+            }
+        };
+        Ok(Self {
+            table_name: dml.table_name,
+            target: dml.target,
+            input,
+            schema: dml.output_schema,
+        })
+    }
+
+    fn into_plan(self) -> LogicalPlan {
+        LogicalPlan::Extension(Extension {
+            node: Arc::new(self),
+        })
+    }
+}
+
+impl fmt::Debug for Overwrite {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("Overwrite")
+            .field("table_name", &self.table_name)
+            .field("input", &self.input)
+            .finish()
+    }
+}
+
+impl PartialEq for Overwrite {
+    fn eq(&self, other: &Self) -> bool {
+        self.table_name == other.table_name && self.input == other.input
+    }
+}
+
+impl Eq for Overwrite {}
+
+impl std::hash::Hash for Overwrite {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.table_name.hash(state);
+        self.input.hash(state);
+    }
+}
+
+impl PartialOrd for Overwrite {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        (&self.table_name, &self.input).partial_cmp(&(&other.table_name, &other.input))
+    }
+}
+
+impl UserDefinedLogicalNodeCore for Overwrite {
+    fn name(&self) -> &str {
+        "Overwrite"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "Overwrite: {}", self.table_name)
+    }
+
+    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
+        match <[LogicalPlan; 1]>::try_from(inputs) {
+            Ok([input]) if exprs.is_empty() => Ok(Self {
+                input,
+                ..self.clone()
+            }),
+            _ => internal_err!("Overwrite has one input and no expressions"),
+        }
+    }
+}
+
+/// Plans [`Overwrite`] nodes as [`OverwriteExec`]s.
+#[derive(Debug, Default)]
+pub struct OverwritePlanner;
+
+#[async_trait]
+impl ExtensionPlanner for OverwritePlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<Overwrite>() else {
+            return Ok(None);
+        };
+        let [input] = physical_inputs else {
+            return internal_err!("Overwrite has one input");
+        };
+        let table = source_as_provider(&node.target)?;
+        if !table.is::<MemTable>() {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "UPDATE {} with a derivative with respect to the table's rows replaces its \
+                     contents, which datafusion-grad does for in-memory tables only; write the \
+                     step as `CREATE OR REPLACE TABLE … AS SELECT` instead",
+                    node.table_name
+                ),
+            );
+        }
+        let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
+        Ok(Some(Arc::new(OverwriteExec {
+            properties: Arc::new(PlanProperties::new(
+                EquivalenceProperties::new(Arc::clone(&schema)),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            )),
+            input: Arc::clone(input),
+            table,
+            schema,
+        })))
+    }
+}
+
+/// Computes every row of its input, then makes them the contents of the
+/// in-memory table; see the [module docs](self).
+#[derive(Debug)]
+pub struct OverwriteExec {
+    input: Arc<dyn ExecutionPlan>,
+    table: Arc<dyn TableProvider>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl DisplayAs for OverwriteExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "OverwriteExec")
+    }
+}
+
+impl ExecutionPlan for OverwriteExec {
+    fn name(&self) -> &str {
+        "OverwriteExec"
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match <[_; 1]>::try_from(children) {
+            Ok([input]) => Ok(Arc::new(Self {
+                input,
+                table: Arc::clone(&self.table),
+                schema: Arc::clone(&self.schema),
+                properties: Arc::clone(&self.properties),
+            })),
+            Err(_) => internal_err!("OverwriteExec has one child"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("OverwriteExec has one partition");
+        }
+        let (input, table, schema) = (
+            Arc::clone(&self.input),
+            Arc::clone(&self.table),
+            Arc::clone(&self.schema),
+        );
+        let out = Arc::clone(&schema);
+        let done = futures::stream::once(async move {
+            let rows = collect(input, context).await?;
+            let count = replace_contents(table.as_ref(), rows).await?;
+            Ok(RecordBatch::try_new(
+                out,
+                vec![Arc::new(UInt64Array::from(vec![count]))],
+            )?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, done)))
+    }
+}
+
+/// Makes `rows` (the table's columns, then the updated flag) the contents
+/// of `table`, spread over its partitions; the number of rows updated.
+async fn replace_contents(table: &dyn TableProvider, rows: Vec<RecordBatch>) -> Result<u64> {
+    let Some(memory) = table.downcast_ref::<MemTable>() else {
+        return internal_err!("OverwriteExec writes an in-memory table");
+    };
+    let schema = memory.schema();
+    let width = schema.fields().len();
+    let mut count = 0u64;
+    let mut contents = Vec::with_capacity(rows.len());
+    for batch in rows {
+        let Some(flag) = batch.column(width).as_any().downcast_ref::<BooleanArray>() else {
+            return internal_err!("the updated flag is Boolean");
+        };
+        count += flag.true_count() as u64;
+        if batch.num_rows() > 0 {
+            contents.push(RecordBatch::try_new(
+                Arc::clone(&schema),
+                batch.columns()[..width].to_vec(),
+            )?);
+        }
+    }
+    let partitions = memory.batches.len();
+    if partitions == 0 {
+        return internal_err!("an in-memory table has at least one partition");
+    }
+    let mut spread = vec![Vec::new(); partitions];
+    for (i, batch) in contents.into_iter().enumerate() {
+        spread[i % partitions].push(batch);
+    }
+    for (partition, batches) in memory.batches.iter().zip(spread) {
+        *partition.write().await = batches;
+    }
+    memory.sort_order.lock().clear();
+    Ok(count)
+}
