@@ -107,8 +107,10 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     tensor::register(ctx);
     options::register(ctx);
     ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
-    ctx.register_relation_planner(Arc::new(table_factor::GradRelation))
-        .expect("a relation planner registers");
+    ctx.register_relation_planner(Arc::new(table_factor::GradRelation::new(
+        ctx.state().catalog_list().clone(),
+    )))
+    .expect("a relation planner registers");
     ctx.add_optimizer_rule(Arc::new(InlineUpdates));
     let state = ctx.state_ref();
     let mut state = state.write();

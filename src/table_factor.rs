@@ -17,7 +17,11 @@
 
 use std::sync::Arc;
 
-use datafusion::common::DataFusionError;
+use futures::FutureExt;
+
+use datafusion::catalog::CatalogProviderList;
+use datafusion::common::{DataFusionError, TableReference};
+use datafusion::datasource::provider_as_source;
 use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::planner::{
@@ -32,8 +36,66 @@ use crate::error::{fail, ErrorKind, GradError};
 
 /// Plans `grad(loss, tbl.col)` in FROM; every other table factor is left
 /// to DataFusion.
-#[derive(Debug, Default)]
-pub struct GradRelation;
+///
+/// DataFusion 55 resolves the tables and views of a statement from its FROM
+/// clauses before planning it, and the arguments of a table factor are not
+/// among them; so a relation named only inside `grad(…)` that is not a CTE
+/// is looked up here, in the session's catalogs.
+#[derive(Debug)]
+pub struct GradRelation {
+    catalogs: Arc<dyn CatalogProviderList>,
+}
+
+impl GradRelation {
+    /// The planner, looking relations up in `catalogs` (the session's).
+    pub fn new(catalogs: Arc<dyn CatalogProviderList>) -> Self {
+        Self { catalogs }
+    }
+
+    /// The relation `parts` names: a CTE or a relation DataFusion resolved,
+    /// else a table or view of the session's catalogs.
+    fn relation(
+        &self,
+        parts: &[ast::Ident],
+        context: &mut dyn RelationPlannerContext,
+    ) -> Result<LogicalPlan> {
+        let err = match context.plan(table_named(parts)) {
+            Ok(plan) => return Ok(plan),
+            Err(err) if err.to_string().contains("not found") => err,
+            Err(err) => return Err(err),
+        };
+        let names: Vec<String> = parts
+            .iter()
+            .map(|i| context.normalize_ident(i.clone()))
+            .collect();
+        let reference = match names.as_slice() {
+            [t] => TableReference::bare(t.as_str()),
+            [s, t] => TableReference::partial(s.as_str(), t.as_str()),
+            [c, s, t] => TableReference::full(c.as_str(), s.as_str(), t.as_str()),
+            _ => return Err(unresolved(err, parts)),
+        };
+        let options = &context.context_provider().options().catalog;
+        let resolved = reference
+            .clone()
+            .resolve(&options.default_catalog, &options.default_schema);
+        let table = self
+            .catalogs
+            .catalog(&resolved.catalog)
+            .and_then(|c| c.schema(&resolved.schema))
+            .map(|s| {
+                // A schema that answers at once (in memory, files); one
+                // that must wait is left to the typed error.
+                s.table(&resolved.table).now_or_never()
+            });
+        match table {
+            Some(Some(Ok(Some(table)))) => {
+                LogicalPlanBuilder::scan(reference, provider_as_source(table), None)?.build()
+            }
+            Some(Some(Err(e))) => Err(e),
+            _ => Err(unresolved(err, parts)),
+        }
+    }
+}
 
 impl RelationPlanner for GradRelation {
     fn plan_relation(
@@ -85,12 +147,8 @@ impl RelationPlanner for GradRelation {
                 ),
             );
         };
-        let loss_plan = context
-            .plan(table_named(loss))
-            .map_err(|e| unresolved(e, loss))?;
-        let table_plan = context
-            .plan(table_named(table))
-            .map_err(|e| unresolved(e, table))?;
+        let loss_plan = self.relation(loss, context)?;
+        let table_plan = self.relation(table, context)?;
         let column = context.normalize_ident(column.clone());
         let value = Expr::Column(loss_plan.schema().columns()[0].clone());
         let summed = LogicalPlanBuilder::from(loss_plan)
@@ -163,10 +221,8 @@ fn table_named(parts: &[ast::Ident]) -> TableFactor {
     }
 }
 
-/// `err` (planning the relation `parts`), explained where DataFusion did
-/// not resolve it: DataFusion 55 resolves the tables and views of a
-/// statement before planning it, from its FROM clauses, and the arguments of
-/// a table function are not among them.
+/// `err` (planning the relation `parts`), explained: neither a CTE nor a
+/// relation of the session's catalogs.
 fn unresolved(err: DataFusionError, parts: &[ast::Ident]) -> DataFusionError {
     let name = ObjectName(
         parts
@@ -175,21 +231,9 @@ fn unresolved(err: DataFusionError, parts: &[ast::Ident]) -> DataFusionError {
             .map(ObjectNamePart::Identifier)
             .collect(),
     );
-    if !err.to_string().contains("not found") {
-        return err;
-    }
     GradError::new(
-        ErrorKind::NeedsPlanContext,
-        format!(
-            "`{name}` in grad(…) in FROM is not a CTE of the statement, and DataFusion 55 only \
-             resolves the tables and views that a statement's FROM clauses name; name it in a \
-             CTE: WITH {alias} AS (SELECT * FROM {name}) … grad({alias}, …), or use the scalar \
-             form SELECT …, grad((SELECT loss FROM {name}), tbl.col) FROM tbl",
-            alias = format!(
-                "{}_",
-                parts.last().map_or("r".to_string(), |i| i.value.clone())
-            )
-        ),
+        ErrorKind::InvalidWrt,
+        format!("`{name}` in grad(…) in FROM is neither a CTE of the statement nor a table or view ({err})"),
     )
     .into()
 }

@@ -701,7 +701,7 @@ pub(crate) enum Part<'p> {
 impl Part<'_> {
     fn same(&self, other: &Part) -> bool {
         match (self, other) {
-            (Part::Table(t, c), Part::Table(u, d)) => t == u && c == d,
+            (Part::Table(t, c), Part::Table(u, d)) => same_table(t, u) && c == d,
             (Part::Node(p, i), Part::Node(q, j)) => i == j && same_node(p, q),
             _ => false,
         }
@@ -716,6 +716,13 @@ fn same_node(a: &LogicalPlan, b: &LogicalPlan) -> bool {
 /// Whether some part of `a` is one of `b`.
 pub(crate) fn overlaps(a: &[Part], b: &[Part]) -> bool {
     a.iter().any(|p| b.iter().any(|q| p.same(q)))
+}
+
+/// Whether `t` and `u` may name the same table: `p`, `public.p` and
+/// `datafusion.public.p` do (a name without a schema is taken to be of any
+/// schema: a re-read is refused rather than missed).
+pub(crate) fn same_table(t: &TableReference, u: &TableReference) -> bool {
+    t.resolved_eq(u) || u.resolved_eq(t)
 }
 
 /// Everything the value of column `idx` of `plan` is computed from (see

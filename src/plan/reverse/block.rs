@@ -32,6 +32,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::error::{fail, ErrorKind};
+use crate::plan::lineage::same_table;
 use crate::plan::shared::{share, shared_input, unshared};
 use crate::plan::unalias;
 use crate::reserved::{leaf_qualifier, Placeholder, PRESENT};
@@ -111,14 +112,15 @@ impl<'a> Blocks<'a> {
         let mut found = false;
         plan.apply_with_subqueries(|node| {
             if let (LogicalPlan::TableScan(a), LogicalPlan::TableScan(b)) = (node, self.parameter) {
-                if a.table_name == b.table_name && node != self.parameter {
+                if same_table(&a.table_name, &b.table_name) && node != self.parameter {
                     return fail(
                         ErrorKind::NeedsPlanContext,
                         format!(
                             "the loss scans the variable's table `{}` differently from the \
-                             variable's own scan (another projection, filter or limit in the \
-                             scan), so its rows cannot be matched to the parameter rows",
-                            a.table_name
+                             variable's own scan `{}` (another projection, filter or limit in \
+                             the scan, or another name for the table), so its rows cannot be \
+                             matched to the parameter rows",
+                            a.table_name, b.table_name
                         ),
                     );
                 }
