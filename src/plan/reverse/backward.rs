@@ -42,7 +42,7 @@ use datafusion::logical_expr::{
 use super::block::{Alternative, Blocks, LeafKind};
 use crate::engine::{differentiate, Seed as Sweep};
 use crate::error::{fail, GradError};
-use crate::plan::shared::unshared;
+use crate::plan::shared::{share, unshared};
 use crate::plan::unalias;
 use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
 use crate::rules::transpose::{near, transpose_rule, TransposeCall};
@@ -117,8 +117,10 @@ impl<'a> Backward<'a> {
             let LogicalPlan::Aggregate(a) = unshared(&plan) else {
                 unreachable!("an aggregate leaf")
             };
+            // Shared: the passes of other gradients of the same loss in
+            // the statement reach equal adjoints, computed once.
             let (adjoints, indexes) = summed(reads, a.group_expr.len())?;
-            self.through_aggregate(a, adjoints, &indexes)?;
+            self.through_aggregate(a, share(adjoints), &indexes)?;
         }
         Ok(())
     }
