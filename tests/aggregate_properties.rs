@@ -1,8 +1,9 @@
 //! Gradients through aggregates and window aggregates against central finite
 //! differences: every aggregate rule (sum, avg, count, var/stddev both kinds,
-//! covar both kinds, corr, min, max), nonlinear functions of aggregates, and window
-//! aggregates, each over several row-wise arguments and evaluation points,
-//! with respect to a GROUP BY key and to a prepared statement's parameter.
+//! covar both kinds, corr, min, max, tensor_sum, tensor_avg), nonlinear
+//! functions of aggregates, and window aggregates, each over several
+//! row-wise arguments and evaluation points, with respect to a GROUP BY key
+//! and to a prepared statement's parameter.
 
 use datafusion::arrow::array::{Array, Float64Array};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -31,6 +32,9 @@ const AGGREGATES: &[&str] = &[
     "avg({e}) / avg(x + 3)",
     "var_pop({e}) * avg({e})",
     "sum({e}) FILTER (WHERE x > 0)",
+    "tensor_total(tensor_mul(tensor_sum(tensor_add(scale(tensor([1.0, -0.5], 2), {e}), \
+     scale(tensor([0.3, 2.0], 2), x * {e}))), tensor_avg(scale(tensor([1.5, 0.25], 2), \
+     sin({e}) + y))))",
 ];
 
 /// Window aggregates of `{e}`; the variable is constant within each partition.

@@ -145,8 +145,8 @@ def test_matrix_factorization_with_l2_subqueries_matches_jax():
     for (a, b), g in got_v.items():
         assert g == pytest.approx(float(dv[a, b]), rel=1e-9, abs=1e-12)
     assert len(got_u) == users * k and len(got_v) == items * k
-    # the same as a relation in FROM (a view and a table named only there must
-    # be CTEs: DataFusion 55 resolves tables from FROM clauses before planning)
+    # the same as a relation in FROM, over CTEs and over the view and table
+    # named only there (looked up in the session's catalogs)
     from_form = gradients(
         ctx,
         "WITH l AS (SELECT * FROM mf_loss), vv AS (SELECT * FROM v) "
@@ -154,8 +154,10 @@ def test_matrix_factorization_with_l2_subqueries_matches_jax():
         ["id", "k"],
     )
     assert from_form == pytest.approx(got_v, rel=1e-12)
-    with pytest.raises(dg.errors.NeedsPlanContextError, match="name it in a CTE"):
-        ctx.sql("SELECT * FROM grad(mf_loss, v.val)").collect()
+    named = gradients(ctx, "SELECT id, k, val AS g FROM grad(mf_loss, v.val)", ["id", "k"])
+    assert named == pytest.approx(got_v, rel=1e-12)
+    with pytest.raises(dg.errors.InvalidWrtError, match="neither a CTE of the statement nor a table"):
+        ctx.sql("SELECT * FROM grad(no_such_loss, v.val)").collect()
 
 
 def test_graph_convolution_over_weighted_edges_matches_jax():
