@@ -87,6 +87,11 @@ fn cases() -> Vec<(&'static str, Vec<Arg>)> {
             vec![m, Label("tensor([2.0, 0.0, 3.0], 3)")],
         ),
         ("cross_entropy({0}, {1})", vec![v, Label("1")]),
+        (
+            "cross_entropy_grad({0}, {1})",
+            vec![m, Label("tensor([2.0, 0.0, 3.0], 3)")],
+        ),
+        ("cross_entropy_grad({0}, {1})", vec![v, Label("1")]),
         // compositions: a two-layer network's loss, and scalar SQL around tensors
         (
             "cross_entropy(matmul(tensor_tanh(matmul({0}, {1})), {2}), {3})",

@@ -12,17 +12,20 @@
 //! | `dot(a, b)` | a | `scale(b, g)` | `dot(t, b)` |
 //! | `softmax(z)` | z | `softmax_vjp(y, g)` | `softmax_vjp(y, t)` |
 //! | `cross_entropy(z, l)` | z | `scale(cross_entropy_grad(z, l), g)` | `dot(cross_entropy_grad(z, l), t)` |
+//! | `cross_entropy_grad(z, l)` | z | `scale(softmax_vjp(softmax(z), g), 1/rows)` | `scale(softmax_vjp(softmax(z), t), 1/rows)` |
 //!
 //! and so on for every entry of [`RULES`]. A number broadcast against a
 //! tensor (`tensor_add(t, 1.0)`) receives the sum of its elements'
 //! cotangents; a vector broadcast over a matrix's rows (a bias) the sum of
 //! the rows' (`col_sum`). Functions that are piecewise constant (`argmax`,
-//! `tensor_step`) or constant (`zeros_like`) have zero partials. The fused
-//! helper products (`softmax_vjp`, `log_softmax_vjp`, `cross_entropy_grad`)
-//! have no rules, so a second derivative through `softmax`, `log_softmax`
-//! or `cross_entropy`, or a third through `logsumexp` (whose derivative is
-//! `softmax`, so its second derivative works), is refused with a
-//! `non_differentiable` error rather than computed wrongly.
+//! `tensor_step`) or constant (`zeros_like`) have zero partials.
+//! `cross_entropy_grad` has a rule, so second derivatives through
+//! `cross_entropy` work (a training loop's hypergradient); the other fused
+//! helper products (`softmax_vjp`, `log_softmax_vjp`) have none, so a
+//! second derivative through `softmax` or `log_softmax`, a third through
+//! `cross_entropy`, or a third through `logsumexp` (whose derivative is
+//! `softmax`) is refused with a `non_differentiable` error rather than
+//! computed wrongly.
 
 use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
@@ -277,6 +280,20 @@ pub const RULES: &[RuleEntry] = &[
             // Class labels are piecewise constant.
             Partial::Zero,
         ])
+    }),
+    ("cross_entropy_grad", |c| {
+        // (softmax(z) − one_hot(l)) / rows: the softmax Jacobian of each
+        // row (symmetric, so vjp and jvp are one map), over the rows.
+        let rows = match c.shape(0) {
+            Shape::Matrix(r, _) => r,
+            _ => 1,
+        };
+        let p = f("softmax", [c.arg(0)]);
+        let j = f(
+            "scale",
+            [f("softmax_vjp", [p, c.flow()]), num(1.0 / rows as f64)],
+        );
+        Ok(vec![linear(j.clone(), j), Partial::Zero])
     }),
 ];
 
