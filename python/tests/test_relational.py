@@ -239,3 +239,48 @@ def test_duplicate_parameter_rows_are_a_typed_error():
     ctx.sql("CREATE TABLE p AS SELECT * FROM (VALUES (1, 2.0), (1, 3.0)) AS t(g, val)").collect()
     with pytest.raises(dg.errors.InvalidWrtError, match="several rows with the same other columns"):
         ctx.sql("SELECT g, grad((SELECT sum(val * val) FROM p), val) FROM p").collect()
+
+
+def test_update_steps_of_matrix_factorization_match_jax():
+    """Training by UPDATE, one parameter table per statement (alternating
+    steps: u against the loss at (u, v), then v at the new u), a NULL rating
+    skipped by the loss, against the same steps in JAX."""
+    users, items, k, lam, lr = 4, 3, 2, 0.1, 0.05
+    u = RNG.normal(size=(users, k))
+    v = RNG.normal(size=(items, k))
+    observed = [(a, b, float(RNG.normal())) for a in range(users) for b in range(items) if (a + b) % 3 != 1]
+
+    def loss(u, v):
+        fit = sum((jnp.dot(u[a], v[b]) - r) ** 2 for a, b, r in observed)
+        return fit + lam * jnp.sum(u * u) + lam * jnp.sum(v * v)
+
+    ctx = dg.SessionContext()
+    for name, m in (("u", u), ("v", v)):
+        rows = ", ".join(f"({a}, {b}, {num(m[a, b])})" for a in range(m.shape[0]) for b in range(k))
+        ctx.sql(f"CREATE TABLE {name} AS SELECT * FROM (VALUES {rows}) AS t(id, k, val)").collect()
+    rows = ", ".join(f"({a}, {b}, {num(r)})" for a, b, r in observed)
+    ctx.sql(
+        f"CREATE TABLE r AS SELECT * FROM (VALUES {rows}, (0, 1, CAST(NULL AS DOUBLE))) AS t(usr, item, rating)"
+    ).collect()
+    ctx.sql(
+        f"""CREATE VIEW mf_loss AS
+        SELECT sum(e * e) + {lam} * (SELECT sum(val * val) FROM u)
+                          + {lam} * (SELECT sum(val * val) FROM v) AS loss
+        FROM (SELECT r.usr, r.item, sum(u.val * v.val) - r.rating AS e
+              FROM r JOIN u ON u.id = r.usr JOIN v ON v.id = r.item AND v.k = u.k
+              GROUP BY r.usr, r.item, r.rating)"""
+    ).collect()
+    uj, vj = jnp.array(u), jnp.array(v)
+    for _ in range(3):
+        for name in ("u", "v"):
+            count = ctx.sql(
+                f"UPDATE {name} SET val = val - {lr} * grad((SELECT loss FROM mf_loss), val)"
+            ).to_pydict()["count"]
+            assert count == [(users if name == "u" else items) * k]
+        uj = uj - lr * jax.grad(loss, argnums=0)(uj, vj)
+        vj = vj - lr * jax.grad(loss, argnums=1)(uj, vj)
+    for name, want in (("u", uj), ("v", vj)):
+        got = ctx.sql(f"SELECT id, k, val FROM {name}").to_pylist()
+        assert len(got) == want.size
+        for r in got:
+            assert r["val"] == pytest.approx(float(want[r["id"], r["k"]]), rel=1e-10, abs=1e-12)
