@@ -17,6 +17,7 @@
 //! | `__dfgrad_input` | alias of an unqualified input in exported SQL |
 //! | `__dfgrad_acero_{i}` | a pre-projected aggregate argument in Acero's Substrait |
 //! | `__dfgrad_stat{k}` | a group statistic an aggregate's transpose rule reads ([`crate::rules::transpose`]) |
+//! | `__dfgrad_where{k}` | a derivative with respect to a table's rows in a `WHERE` clause, computed by a projection below it |
 //! | `__dfgrad_loss{k}` | a loss subquery's value, bound below a marker (relational reverse mode) |
 //! | `__dfgrad_leaf{k}` | qualifier of an input of a relational block in the backward pass ([`crate::plan::reverse`]) |
 //! | `__dfgrad_c{i}`, `__dfgrad_present` | column `i` of such an input, and its marker of a row that is there (not padded by an outer join) |
@@ -68,6 +69,8 @@ pub(crate) enum Placeholder {
     Key,
     /// A term's adjoint in a backward block (`__dfgrad_term{i}`).
     Term,
+    /// A `WHERE` clause's derivative computed below it (`__dfgrad_where{k}`).
+    Where,
 }
 
 impl Placeholder {
@@ -88,6 +91,7 @@ impl Placeholder {
             Placeholder::Partial => "__dfgrad_d",
             Placeholder::Key => "__dfgrad_key",
             Placeholder::Term => "__dfgrad_term",
+            Placeholder::Where => "__dfgrad_where",
         }
     }
 

@@ -13,18 +13,21 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::Transformed;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
 use datafusion::logical_expr::{DmlStatement, LogicalPlan, WriteOp};
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
+use crate::error::{fail, ErrorKind};
 use crate::plan::bindings::inline_all;
+use crate::reserved::is_gradient_table_qualifier;
 
 /// `plan` with the computed columns its `UPDATE`s and `DELETE`s read
 /// written out.
 pub(crate) fn inline_updates(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     plan.transform_up_with_subqueries(|node| match node {
         LogicalPlan::Dml(dml) if matches!(dml.op, WriteOp::Update | WriteOp::Delete) => {
+            refuse_gradient_tables(&dml)?;
             let input = inline_all(dml.input.as_ref().clone())?;
             if input == *dml.input {
                 return Ok(Transformed::no(LogicalPlan::Dml(dml)));
@@ -36,6 +39,30 @@ pub(crate) fn inline_updates(plan: LogicalPlan) -> Result<Transformed<LogicalPla
         }
         _ => Ok(Transformed::no(node)),
     })
+}
+
+/// Refuses a `DELETE` whose predicate needs a gradient with respect to a
+/// table's rows: DataFusion 55 evaluates a `DELETE`'s predicates over the
+/// table's own columns and drops any it cannot (every row would match), so
+/// a joined gradient table must never reach it. (Such an `UPDATE` is an
+/// [`super::overwrite::Overwrite`] by now.)
+fn refuse_gradient_tables(dml: &DmlStatement) -> Result<()> {
+    let joined = dml.input.exists(|node| {
+        Ok(matches!(node, LogicalPlan::SubqueryAlias(s) if is_gradient_table_qualifier(&s.alias)))
+    })?;
+    if !joined {
+        return Ok(());
+    }
+    fail(
+        ErrorKind::NeedsPlanContext,
+        format!(
+            "{} {}: the derivative with respect to a table's rows in its WHERE clause is a \
+             gradient table joined to the rows, which DataFusion 55's DELETE cannot read (it \
+             evaluates its predicate over the table's own columns); keep the other rows with \
+             `CREATE OR REPLACE TABLE … AS SELECT … WHERE NOT (…)` instead",
+            dml.op, dml.table_name
+        ),
+    )
 }
 
 /// The optimizer rule that writes out the common subexpressions DataFusion's

@@ -56,7 +56,7 @@ mod tables;
 use aggregates::through_aggregates;
 use recursion::through_recursion;
 use subqueries::through_subqueries;
-use tables::through_tables;
+use tables::{hoist_from_filter, through_tables};
 
 use super::dml::inline_updates;
 use super::expand::expand_markers;
@@ -215,6 +215,10 @@ fn chain_total(
 fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
+    }
+    if let Some(hoisted) = hoist_from_filter(&node)? {
+        let below = rewrite_node(hoisted.below.clone())?.data;
+        return Ok(Transformed::yes(hoisted.over(below)?));
     }
     let node = through_recursion(node)?;
     let node = through_tables(node)?;

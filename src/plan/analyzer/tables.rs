@@ -29,7 +29,7 @@ use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
+    lit, Expr, Filter, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
     Subquery, SubqueryAlias,
 };
 
@@ -124,6 +124,89 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
     }
     let plan = LogicalPlan::Projection(Projection::try_new(passed, Arc::new(plan))?);
     node.with_new_exprs(exprs, vec![plan])
+}
+
+/// A `WHERE` clause whose derivatives need gradient tables, moved onto a
+/// projection below it (the gradient tables are joined to the rows there):
+/// see [`hoist_from_filter`].
+pub(crate) struct Hoisted {
+    /// The filter's input with the predicate's markers as columns
+    /// `__dfgrad_where{k}` (to be differentiated).
+    pub below: LogicalPlan,
+    /// The predicate over those columns.
+    predicate: Expr,
+    /// How many columns the filter's input has.
+    columns: usize,
+}
+
+impl Hoisted {
+    /// The filter over `below` (differentiated), with the input's columns.
+    pub fn over(self, below: LogicalPlan) -> Result<LogicalPlan> {
+        let filter = LogicalPlan::Filter(Filter::try_new(self.predicate, Arc::new(below))?);
+        let kept: Vec<Expr> = filter.schema().columns()[..self.columns]
+            .iter()
+            .cloned()
+            .map(Expr::Column)
+            .collect();
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            kept,
+            Arc::new(filter),
+        )?))
+    }
+}
+
+/// `node`, a filter whose predicate holds markers with respect to a table's
+/// rows (`WHERE grad((SELECT loss FROM s), p.val) > 1`), as a [`Hoisted`];
+/// `None` for any other node.
+pub(crate) fn hoist_from_filter(node: &LogicalPlan) -> Result<Option<Hoisted>> {
+    let LogicalPlan::Filter(f) = node else {
+        return Ok(None);
+    };
+    let mut markers: Vec<Expr> = Vec::new();
+    f.predicate.apply(|e| {
+        if as_marker(e).is_none() {
+            return Ok(TreeNodeRecursion::Continue);
+        }
+        if !markers.contains(e) {
+            markers.push(e.clone());
+        }
+        Ok(TreeNodeRecursion::Jump)
+    })?;
+    if markers.is_empty() {
+        return Ok(None);
+    }
+    let mut exprs: Vec<Expr> = f
+        .input
+        .schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect();
+    let columns = exprs.len();
+    for (k, m) in markers.iter().enumerate() {
+        exprs.push(m.clone().alias(Placeholder::Where.name(k)));
+    }
+    let below = LogicalPlan::Projection(Projection::try_new(exprs, Arc::clone(&f.input))?);
+    if through_tables(below.clone())? == below {
+        return Ok(None);
+    }
+    let predicate = f
+        .predicate
+        .clone()
+        .transform_down(|e| match markers.iter().position(|m| *m == e) {
+            Some(k) => Ok(Transformed::new(
+                Placeholder::Where.column(k),
+                true,
+                TreeNodeRecursion::Jump,
+            )),
+            None => Ok(Transformed::no(e)),
+        })?
+        .data;
+    Ok(Some(Hoisted {
+        below,
+        predicate,
+        columns,
+    }))
 }
 
 /// One marker: when its `f` reads a loss subquery over a variable's rows,
