@@ -109,6 +109,27 @@ def test_relational_mlp_matches_jax():
         assert r["g"] == pytest.approx(expected_g, rel=1e-9, abs=1e-12)
 
 
+def matrix_factorization(u, v, observed, lam, extra_rating=None):
+    """A session with factor tables `u`, `v` (id, k, val), ratings `r` (the
+    `observed` triples, and `extra_rating` if given) and the view `mf_loss`:
+    squared errors plus L2 terms taken in scalar subqueries."""
+    ctx = dg.SessionContext()
+    for name, m in (("u", u), ("v", v)):
+        rows = ", ".join(f"({a}, {b}, {num(m[a, b])})" for a in range(m.shape[0]) for b in range(m.shape[1]))
+        ctx.sql(f"CREATE TABLE {name} AS SELECT * FROM (VALUES {rows}) AS t(id, k, val)").collect()
+    rows = ", ".join([f"({a}, {b}, {num(r)})" for a, b, r in observed] + ([extra_rating] if extra_rating else []))
+    ctx.sql(f"CREATE TABLE r AS SELECT * FROM (VALUES {rows}) AS t(usr, item, rating)").collect()
+    ctx.sql(
+        f"""CREATE VIEW mf_loss AS
+        SELECT sum(e * e) + {lam} * (SELECT sum(val * val) FROM u)
+                          + {lam} * (SELECT sum(val * val) FROM v) AS loss
+        FROM (SELECT r.usr, r.item, sum(u.val * v.val) - r.rating AS e
+              FROM r JOIN u ON u.id = r.usr JOIN v ON v.id = r.item AND v.k = u.k
+              GROUP BY r.usr, r.item, r.rating)"""
+    ).collect()
+    return ctx
+
+
 def test_matrix_factorization_with_l2_subqueries_matches_jax():
     users, items, k, lam = 5, 4, 2, 0.05
     u = RNG.normal(size=(users, k))
@@ -120,24 +141,7 @@ def test_matrix_factorization_with_l2_subqueries_matches_jax():
         return fit + lam * jnp.sum(u * u) + lam * jnp.sum(v * v)
 
     du, dv = jax.grad(loss, argnums=(0, 1))(u, v)
-    ctx = dg.SessionContext()
-
-    def create(name, m):
-        rows = ", ".join(f"({a}, {b}, {num(m[a, b])})" for a in range(m.shape[0]) for b in range(k))
-        ctx.sql(f"CREATE TABLE {name} AS SELECT * FROM (VALUES {rows}) AS t(id, k, val)").collect()
-
-    create("u", u)
-    create("v", v)
-    rows = ", ".join(f"({a}, {b}, {num(r)})" for a, b, r in observed)
-    ctx.sql(f"CREATE TABLE r AS SELECT * FROM (VALUES {rows}) AS t(usr, item, rating)").collect()
-    ctx.sql(
-        f"""CREATE VIEW mf_loss AS
-        SELECT sum(e * e) + {lam} * (SELECT sum(val * val) FROM u)
-                          + {lam} * (SELECT sum(val * val) FROM v) AS loss
-        FROM (SELECT r.usr, r.item, sum(u.val * v.val) - r.rating AS e
-              FROM r JOIN u ON u.id = r.usr JOIN v ON v.id = r.item AND v.k = u.k
-              GROUP BY r.usr, r.item, r.rating)"""
-    ).collect()
+    ctx = matrix_factorization(u, v, observed, lam)
     got_u = gradients(ctx, "SELECT id, k, grad((SELECT loss FROM mf_loss), val) AS g FROM u", ["id", "k"])
     got_v = gradients(ctx, "SELECT id, k, grad((SELECT loss FROM mf_loss), val) AS g FROM v", ["id", "k"])
     for (a, b), g in got_u.items():
@@ -254,22 +258,7 @@ def test_update_steps_of_matrix_factorization_match_jax():
         fit = sum((jnp.dot(u[a], v[b]) - r) ** 2 for a, b, r in observed)
         return fit + lam * jnp.sum(u * u) + lam * jnp.sum(v * v)
 
-    ctx = dg.SessionContext()
-    for name, m in (("u", u), ("v", v)):
-        rows = ", ".join(f"({a}, {b}, {num(m[a, b])})" for a in range(m.shape[0]) for b in range(k))
-        ctx.sql(f"CREATE TABLE {name} AS SELECT * FROM (VALUES {rows}) AS t(id, k, val)").collect()
-    rows = ", ".join(f"({a}, {b}, {num(r)})" for a, b, r in observed)
-    ctx.sql(
-        f"CREATE TABLE r AS SELECT * FROM (VALUES {rows}, (0, 1, CAST(NULL AS DOUBLE))) AS t(usr, item, rating)"
-    ).collect()
-    ctx.sql(
-        f"""CREATE VIEW mf_loss AS
-        SELECT sum(e * e) + {lam} * (SELECT sum(val * val) FROM u)
-                          + {lam} * (SELECT sum(val * val) FROM v) AS loss
-        FROM (SELECT r.usr, r.item, sum(u.val * v.val) - r.rating AS e
-              FROM r JOIN u ON u.id = r.usr JOIN v ON v.id = r.item AND v.k = u.k
-              GROUP BY r.usr, r.item, r.rating)"""
-    ).collect()
+    ctx = matrix_factorization(u, v, observed, lam, extra_rating="(0, 1, CAST(NULL AS DOUBLE))")
     uj, vj = jnp.array(u), jnp.array(v)
     for _ in range(3):
         for name in ("u", "v"):

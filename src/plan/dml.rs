@@ -47,10 +47,7 @@ pub(crate) fn inline_updates(plan: LogicalPlan) -> Result<Transformed<LogicalPla
 /// a joined gradient table must never reach it. (Such an `UPDATE` is an
 /// [`super::overwrite::Overwrite`] by now.)
 fn refuse_gradient_tables(dml: &DmlStatement) -> Result<()> {
-    let joined = dml.input.exists(|node| {
-        Ok(matches!(node, LogicalPlan::SubqueryAlias(s) if is_gradient_table_qualifier(&s.alias)))
-    })?;
-    if !joined {
+    if !joins_gradient_table(&dml.input)? {
         return Ok(());
     }
     fail(
@@ -63,6 +60,14 @@ fn refuse_gradient_tables(dml: &DmlStatement) -> Result<()> {
             dml.op, dml.table_name
         ),
     )
+}
+
+/// Whether `plan` joins a gradient table (relational reverse mode's rewrite
+/// of a marker, [`crate::plan::analyzer`]'s `tables`).
+pub(crate) fn joins_gradient_table(plan: &LogicalPlan) -> Result<bool> {
+    plan.exists(|node| {
+        Ok(matches!(node, LogicalPlan::SubqueryAlias(s) if is_gradient_table_qualifier(&s.alias)))
+    })
 }
 
 /// The optimizer rule that writes out the common subexpressions DataFusion's

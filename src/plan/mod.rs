@@ -57,7 +57,7 @@ use std::sync::Arc;
 use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
-use datafusion::logical_expr::Expr;
+use datafusion::logical_expr::{Expr, LogicalPlan};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::ExecutionPlan;
@@ -141,6 +141,16 @@ pub(crate) fn rewrite_down(
         true => Transformed::yes(replace_children_if_necessary(plan, children)?),
         false => Transformed::no(plan),
     })
+}
+
+/// Every column of `plan`'s output, as column expressions (a projection
+/// passing its input on).
+pub(crate) fn columns(plan: &LogicalPlan) -> Vec<Expr> {
+    plan.schema()
+        .columns()
+        .into_iter()
+        .map(Expr::Column)
+        .collect()
 }
 
 /// `e` without its top-level aliases.

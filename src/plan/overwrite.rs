@@ -44,15 +44,14 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
 use crate::error::{fail, ErrorKind};
-use crate::reserved::{is_gradient_table_qualifier, UPDATED};
+use crate::plan::columns;
+use crate::plan::dml::joins_gradient_table;
+use crate::reserved::UPDATED;
 
 /// Whether `plan` holds an `UPDATE` whose input joins a gradient table.
 pub(crate) fn updates_gradient_table(plan: &LogicalPlan) -> Result<bool> {
     plan.exists(|node| match node {
-        LogicalPlan::Dml(dml) if dml.op == WriteOp::Update => dml.input.exists(|node| {
-            Ok(matches!(node, LogicalPlan::SubqueryAlias(s)
-                if is_gradient_table_qualifier(&s.alias)))
-        }),
+        LogicalPlan::Dml(dml) if dml.op == WriteOp::Update => joins_gradient_table(&dml.input),
         _ => Ok(false),
     })
 }
@@ -114,12 +113,7 @@ impl Overwrite {
         let input = match predicate {
             None => updated.build()?,
             Some(p) => {
-                let mut kept: Vec<Expr> = rows
-                    .schema()
-                    .columns()
-                    .into_iter()
-                    .map(Expr::Column)
-                    .collect();
+                let mut kept = columns(rows);
                 kept.push(lit(false).alias(UPDATED));
                 let kept = LogicalPlanBuilder::from(rows.clone())
                     .filter(Expr::IsNotTrue(Box::new(p)))?

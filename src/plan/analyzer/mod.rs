@@ -58,6 +58,7 @@ use recursion::through_recursion;
 use subqueries::through_subqueries;
 use tables::{hoist_from_filter, through_tables};
 
+use super::columns;
 use super::dml::inline_updates;
 use super::expand::expand_markers;
 use super::free_variables::{has_outer_variable, outer_variables};
@@ -355,12 +356,7 @@ fn differentiate_shared(node: LogicalPlan) -> Result<LogicalPlan> {
             node,
             LogicalPlan::Filter(_) | LogicalPlan::Sort(_) | LogicalPlan::Window(_)
         );
-    let output: Vec<Expr> = node
-        .schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect();
+    let output = columns(&node);
     let plan = node.with_new_exprs(new_exprs, vec![bind(input, shared.layers)?])?;
     if adds_columns {
         // These nodes pass their input's columns on: drop the bound ones.
@@ -398,12 +394,7 @@ fn has_conditional(e: &Expr) -> Result<bool> {
 
 /// `input` under one projection per layer, each passing `input`'s columns on.
 fn bind(input: LogicalPlan, layers: Vec<Layer>) -> Result<LogicalPlan> {
-    let passed: Vec<Expr> = input
-        .schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect();
+    let passed = columns(&input);
     let mut plan = input;
     for layer in layers {
         let mut exprs = passed.clone();

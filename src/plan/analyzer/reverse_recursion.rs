@@ -49,6 +49,7 @@ use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::options::RecursionMode;
 use crate::plan::adjoint_loop::{AdjointLoop, LoopStep, Wanted};
+use crate::plan::columns;
 use crate::plan::lineage::{origin_of, overlaps, parts, through_iterations, Part, Scope};
 use crate::plan::unalias;
 use crate::reserved::{
@@ -190,7 +191,7 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
     }
 
     // One derivative per marker: seeds as columns, then the loop's node.
-    let mut seeds: Vec<Expr> = columns_of(&input);
+    let mut seeds: Vec<Expr> = columns(&input);
     let mut wanted = Vec::new();
     let mut types = Vec::new();
     let mut replacements = Vec::new();
@@ -319,7 +320,7 @@ fn add(a: Expr, b: Expr, t: &DataType) -> Expr {
 /// exists passed them). Anything else is refused.
 fn inline_step(r: &RecursiveQuery, state: &DFSchema) -> Result<Vec<Expr>> {
     let term = r.recursive_term.as_ref();
-    let mut exprs: Vec<Expr> = columns_of(term);
+    let mut exprs: Vec<Expr> = columns(term);
     let mut plan = term;
     loop {
         let below = |exprs: Vec<Expr>, with: &dyn Fn(usize) -> Expr| {
@@ -410,7 +411,7 @@ fn inline_step(r: &RecursiveQuery, state: &DFSchema) -> Result<Vec<Expr>> {
 /// more each step) and a copy of each column of the first row.
 fn with_history(r: &RecursiveQuery, names: &[String]) -> Result<LogicalPlan> {
     let term = r.static_term.as_ref();
-    let mut exprs: Vec<Expr> = columns_of(term);
+    let mut exprs: Vec<Expr> = columns(term);
     exprs.push(lit(0i64).alias(&names[0]));
     for (c, column) in term.schema().columns().into_iter().enumerate() {
         exprs.push(Expr::Column(column).alias(&names[c + 1]));
@@ -498,13 +499,4 @@ fn reads_the_cte_directly(
         }
     }
     Ok(())
-}
-
-/// Every column of `plan`'s output, as expressions.
-fn columns_of(plan: &LogicalPlan) -> Vec<Expr> {
-    plan.schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect()
 }

@@ -36,6 +36,7 @@ use datafusion::logical_expr::{
 use super::chain_total;
 use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
+use crate::plan::columns;
 use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
 use crate::plan::reverse::{gradient_table, reads, share_aggregates, Parameter};
 use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
@@ -136,14 +137,14 @@ pub(crate) struct Hoisted {
     /// The predicate over those columns.
     predicate: Expr,
     /// How many columns the filter's input has.
-    columns: usize,
+    width: usize,
 }
 
 impl Hoisted {
     /// The filter over `below` (differentiated), with the input's columns.
     pub fn over(self, below: LogicalPlan) -> Result<LogicalPlan> {
         let filter = LogicalPlan::Filter(Filter::try_new(self.predicate, Arc::new(below))?);
-        let kept: Vec<Expr> = filter.schema().columns()[..self.columns]
+        let kept: Vec<Expr> = filter.schema().columns()[..self.width]
             .iter()
             .cloned()
             .map(Expr::Column)
@@ -175,14 +176,8 @@ pub(crate) fn hoist_from_filter(node: &LogicalPlan) -> Result<Option<Hoisted>> {
     if markers.is_empty() {
         return Ok(None);
     }
-    let mut exprs: Vec<Expr> = f
-        .input
-        .schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect();
-    let columns = exprs.len();
+    let mut exprs = columns(&f.input);
+    let width = exprs.len();
     for (k, m) in markers.iter().enumerate() {
         exprs.push(m.clone().alias(Placeholder::Where.name(k)));
     }
@@ -205,7 +200,7 @@ pub(crate) fn hoist_from_filter(node: &LogicalPlan) -> Result<Option<Hoisted>> {
     Ok(Some(Hoisted {
         below,
         predicate,
-        columns,
+        width,
     }))
 }
 

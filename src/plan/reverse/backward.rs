@@ -43,7 +43,7 @@ use super::block::{Alternative, Blocks, LeafKind};
 use crate::engine::{differentiate, Seed as Sweep};
 use crate::error::{fail, GradError};
 use crate::plan::shared::{share, unshared};
-use crate::plan::unalias;
+use crate::plan::{columns, unalias};
 use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
 use crate::rules::transpose::{near, transpose_rule, TransposeCall};
 use crate::rules::Rules;
@@ -575,15 +575,6 @@ fn key_join(
         NullEquality::NullEqualsNull,
         false,
     )?))
-}
-
-/// Every column of `plan`, as expressions.
-pub(super) fn columns(plan: &LogicalPlan) -> Vec<Expr> {
-    plan.schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect()
 }
 
 /// `sum(e)`.

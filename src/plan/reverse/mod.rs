@@ -41,12 +41,13 @@ use datafusion::common::Column;
 use datafusion::error::Result;
 use datafusion::logical_expr::{lit, when, Expr, LogicalPlan, LogicalPlanBuilder, ScalarUDF};
 
-use backward::{aggregate, columns, rename, sum, Backward, Seed};
+use backward::{aggregate, rename, sum, Backward, Seed};
 pub(crate) use duplicates::plain_check;
 pub(crate) use duplicates::plain_checks;
 use duplicates::DuplicateRows;
 
 use crate::error::{fail, ErrorKind};
+use crate::plan::columns;
 use crate::plan::shared::share;
 use crate::reserved::{Placeholder, GRADIENT};
 use crate::rules::{num, Rules};
