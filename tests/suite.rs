@@ -26,6 +26,8 @@ mod export;
 /// The expression families of the rewrite benchmark.
 #[path = "../benches/families/mod.rs"]
 mod families;
+#[path = "group_join.rs"]
+mod group_join;
 #[path = "invariant.rs"]
 mod invariant;
 #[path = "layers.rs"]

@@ -169,11 +169,12 @@ impl QueryPlanner for ClientRecursion {
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         // Ballista does not know the shared-subplan node (each read is
-        // computed) nor, on its executors, a gradient table's duplicate-rows
-        // check (written in plain SQL).
-        let logical_plan = &crate::plan::reverse::plain_checks(crate::plan::shared::unshare(
-            logical_plan.clone(),
-        )?)?;
+        // computed) nor the group join of a gradient table (plain operators)
+        // nor, on its executors, its duplicate-rows check (plain SQL).
+        let logical_plan =
+            &crate::plan::reverse::plain_checks(crate::plan::reverse::plain_group_joins(
+                crate::plan::shared::unshare(logical_plan.clone())?,
+            )?)?;
         let recursive = logical_plan.exists(|p| Ok(matches!(p, LogicalPlan::RecursiveQuery(_))))?;
         if matches!(logical_plan, LogicalPlan::Explain(_)) {
             return self.inner.create_physical_plan(logical_plan, session).await;

@@ -40,17 +40,15 @@ use super::lower::lower;
 use super::statement::Printer;
 use super::SqlDialect;
 use crate::error::{fail, ErrorKind};
-use crate::plan::reverse::plain_check;
+use crate::plan::dml::joins_gradient_table;
+use crate::plan::reverse::{as_group_join, plain_check};
 use crate::plan::shared::shared_input;
-use crate::reserved::{export_column, export_relation, is_gradient_table_qualifier};
+use crate::reserved::{export_column, export_relation};
 
 /// Whether `plan` holds a gradient table (relational reverse mode), whose
 /// backward pass only prints as a chain.
 pub(super) fn has_gradient_table(plan: &LogicalPlan) -> Result<bool> {
-    plan.exists(|node| {
-        Ok(matches!(node, LogicalPlan::SubqueryAlias(s)
-            if is_gradient_table_qualifier(&s.alias)))
-    })
+    joins_gradient_table(plan)
 }
 
 /// `plan` (analyzed, not lowered) as one query: `WITH <chain> SELECT …`.
@@ -142,6 +140,9 @@ impl Chain<'_> {
     fn relation(&mut self, plan: &LogicalPlan) -> Result<String> {
         if let Some(input) = shared_input(plan) {
             return self.relation(input);
+        }
+        if let Some(group_join) = as_group_join(plan) {
+            return self.relation(&group_join.plain()?);
         }
         match plan {
             LogicalPlan::SubqueryAlias(s) => return self.relation(&s.input),

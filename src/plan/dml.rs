@@ -20,6 +20,7 @@ use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 use crate::error::{fail, ErrorKind};
 use crate::plan::bindings::inline_all;
+use crate::plan::reverse::as_group_join;
 use crate::reserved::is_gradient_table_qualifier;
 
 /// `plan` with the computed columns its `UPDATE`s and `DELETE`s read
@@ -63,10 +64,13 @@ fn refuse_gradient_tables(dml: &DmlStatement) -> Result<()> {
 }
 
 /// Whether `plan` joins a gradient table (relational reverse mode's rewrite
-/// of a marker, [`crate::plan::analyzer`]'s `tables`).
+/// of a marker, [`crate::plan::analyzer`]'s `tables`), or sums one into
+/// the parameter rows it reads (a group join).
 pub(crate) fn joins_gradient_table(plan: &LogicalPlan) -> Result<bool> {
     plan.exists(|node| {
-        Ok(matches!(node, LogicalPlan::SubqueryAlias(s) if is_gradient_table_qualifier(&s.alias)))
+        Ok(as_group_join(node).is_some()
+            || matches!(node, LogicalPlan::SubqueryAlias(s)
+                if is_gradient_table_qualifier(&s.alias)))
     })
 }
 

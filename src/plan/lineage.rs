@@ -38,6 +38,7 @@ use datafusion::logical_expr::{
 };
 
 use super::free_variables::{outer_name, outer_variables, plan_reads, same_outer, subquery_reads};
+use super::reverse::as_group_join;
 use super::unalias;
 use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
@@ -181,6 +182,11 @@ fn trace(mut plan: &LogicalPlan, mut idx: usize) -> Result<Origin<'_>> {
                 &w.input
             }
             LogicalPlan::Union(_) => return Ok(Origin::Mixed { id, plan }),
+            // the parameter rows a gradient table is summed into
+            LogicalPlan::Extension(_) => match as_group_join(plan).and_then(|g| g.passes(idx)) {
+                Some(rows) => rows,
+                None => return Ok(Origin::Base { id, plan }),
+            },
             _ => return Ok(Origin::Base { id, plan }),
         };
         plan = next;

@@ -59,6 +59,7 @@ use super::adjoint_loop::AdjointLoopPlanner;
 use super::iterate::{iterate_loops, IteratePlanner};
 use super::iterations::limit_iterations;
 use super::overwrite::OverwritePlanner;
+use super::reverse::GroupJoinPlanner;
 
 /// `plan`, marked to be computed once however often the query reads it
 /// (see the [module docs](self)).
@@ -172,6 +173,7 @@ impl QueryPlanner for SharingPlanner {
             Arc::new(IteratePlanner),
             Arc::new(AdjointLoopPlanner),
             Arc::new(OverwritePlanner),
+            Arc::new(GroupJoinPlanner),
         ])
         .create_physical_plan(&plan, session)
         .await?;

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, NullEquality};
+use datafusion::common::{internal_err, Column, NullEquality};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
@@ -38,7 +38,7 @@ use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
 use crate::plan::columns;
 use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
-use crate::plan::reverse::{gradient_table, reads, share_aggregates, Parameter};
+use crate::plan::reverse::{gradient_table, reads, share_aggregates, GroupJoin, Parameter};
 use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
 use crate::tensor::Shape;
 
@@ -47,8 +47,9 @@ use crate::tensor::Shape;
 struct Found {
     /// The loss subqueries, bound to `__dfgrad_loss{k}`.
     losses: Vec<Subquery>,
-    /// `(loss k, variable, gradient table, the input's identity columns)`.
-    tables: Vec<(usize, Column, LogicalPlan, Vec<Expr>)>,
+    /// `(loss k, variable, gradient table, the input's identity columns,
+    /// the variable's relation)`.
+    tables: Vec<(usize, Column, LogicalPlan, Vec<Expr>, LogicalPlan)>,
 }
 
 /// `node` with each marker whose `f` reads a loss subquery over the
@@ -79,8 +80,23 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
         .into_iter()
         .map(Expr::Column)
         .collect();
-    for (t, (_, _, table, identity)) in found.tables.into_iter().enumerate() {
+    for (t, (_, _, table, identity, relation)) in found.tables.into_iter().enumerate() {
         let qualifier = gradient_table_qualifier(t);
+        passed.push(Expr::Column(Column::new(Some(qualifier.clone()), GRADIENT)));
+        // The rows are the parameter relation's own: summed into them.
+        if plan == relation {
+            let positions = identity
+                .iter()
+                .map(|e| match e {
+                    Expr::Column(c) => plan.schema().index_of_column(c),
+                    _ => internal_err!("an identity column"),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            if let Some(joined) = GroupJoin::joined(&table, &plan, positions, qualifier.clone())? {
+                plan = joined;
+                continue;
+            }
+        }
         let on = identity
             .into_iter()
             .enumerate()
@@ -100,7 +116,6 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
             NullEquality::NullEqualsNull,
             false,
         )?);
-        passed.push(Expr::Column(Column::new(Some(qualifier), GRADIENT)));
     }
     // Each loss joined as a one-row relation (a scalar subquery expression
     // cannot run everywhere a marker can, e.g. in UPDATE): the sum of its
@@ -306,7 +321,7 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
             let t = match found
                 .tables
                 .iter()
-                .position(|(l, v, _, _)| *l == k && v == c)
+                .position(|(l, v, _, _, _)| *l == k && v == c)
             {
                 Some(t) => t,
                 None => {
@@ -325,7 +340,9 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
                         let table_rules = rules.read().expect("rule table lock");
                         gradient_table(&s.subquery, parameter, &table_rules)?
                     };
-                    found.tables.push((k, c.clone(), table, on.clone()));
+                    found
+                        .tables
+                        .push((k, c.clone(), table, on.clone(), relation.clone()));
                     found.tables.len() - 1
                 }
             };

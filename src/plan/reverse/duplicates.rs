@@ -45,14 +45,17 @@ impl DuplicateRows {
     /// The error's message: which relation, and which columns failed to
     /// tell its rows apart.
     pub(crate) fn message(&self) -> String {
-        let identity = match self.identity.is_empty() {
-            true => "it has no other column".to_string(),
-            false => format!("(`{}`)", self.identity.join("`, `")),
+        let rows = match self.identity.is_empty() {
+            true => "several rows and no other column".to_string(),
+            false => format!(
+                "several rows with the same other columns (`{}`)",
+                self.identity.join("`, `")
+            ),
         };
         format!(
-            "the variable's relation `{}` has several rows with the same other columns \
-             {identity}, so a derivative with respect to one row's value cannot be told \
-             from another's; give the relation a column that identifies its rows (a key)",
+            "the variable's relation `{}` has {rows}, so a derivative with respect to one \
+             row's value cannot be told from another's; give the relation a column that \
+             identifies its rows (a key)",
             self.relation
         )
     }

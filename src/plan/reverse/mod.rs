@@ -20,7 +20,9 @@
 //!
 //! The result is a *gradient table*: one row per parameter row, keyed by
 //! the row's identity (its other columns, `__dfgrad_key{j}`), with the
-//! derivative in `__dfgrad_gradient`. Two parameter rows with the same
+//! derivative in `__dfgrad_gradient`, summed from the backward pass's
+//! contributions by a group join (child module `group_join`, over the
+//! lookup of child module `row_index`). Two parameter rows with the same
 //! identity cannot be told apart: the table fails with a typed
 //! `invalid_wrt` error when it is computed.
 //!
@@ -35,21 +37,22 @@
 mod backward;
 mod block;
 mod duplicates;
+mod group_join;
+mod row_index;
 
 use datafusion::common::tree_node::Transformed;
 use datafusion::common::Column;
 use datafusion::error::Result;
-use datafusion::logical_expr::{lit, when, Expr, LogicalPlan, LogicalPlanBuilder, ScalarUDF};
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
 
-use backward::{aggregate, rename, sum, Backward, Seed};
+use backward::{Backward, Seed};
 pub(crate) use duplicates::plain_check;
 pub(crate) use duplicates::plain_checks;
-use duplicates::DuplicateRows;
+pub(crate) use group_join::{as_group_join, plain_group_joins, GroupJoin, GroupJoinPlanner};
 
 use crate::error::{fail, ErrorKind};
-use crate::plan::columns;
 use crate::plan::shared::share;
-use crate::reserved::{Placeholder, GRADIENT};
+use crate::reserved::Placeholder;
 use crate::rules::{num, Rules};
 
 /// A column of a parameter relation, differentiated with respect to at
@@ -106,10 +109,9 @@ pub(crate) fn gradient_table(
         terms: vec![(Expr::Column(loss.schema().columns()[0].clone()), num(1.0))],
     };
     backward.run(loss, &seed)?;
-    // Every parameter row, with 0 and a row count.
-    let count = Placeholder::Stat.name(0);
+    // The parameter rows' identities, the groups of the contributions.
     let schema = parameter.relation.schema();
-    let mut exprs: Vec<Expr> = parameter
+    let keys: Vec<Expr> = parameter
         .identity
         .iter()
         .enumerate()
@@ -117,35 +119,10 @@ pub(crate) fn gradient_table(
             Expr::Column(Column::from(schema.qualified_field(i))).alias(Placeholder::Key.name(j))
         })
         .collect();
-    exprs.extend([num(0.0).alias(GRADIENT), lit(1i64).alias(&count)]);
-    let mut all = LogicalPlanBuilder::from(parameter.relation.clone()).project(exprs)?;
-    for c in backward.contributions {
-        let mut exprs = columns(&c);
-        exprs.push(lit(0i64).alias(&count));
-        let c = LogicalPlanBuilder::from(c).project(exprs)?.build()?;
-        all = all.union(c)?;
-    }
-    let nkeys = parameter.identity.len();
-    let keys: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
-    let summed = aggregate(
-        all.build()?,
-        keys,
-        vec![
-            sum(Expr::Column(Column::new_unqualified(GRADIENT))),
-            sum(Placeholder::Stat.column(0)),
-        ],
-    )?;
-    let summed = rename(&summed, nkeys, &[GRADIENT, &count])?;
-    let (name, identity) = parameter.names;
-    let check = ScalarUDF::new_from_impl(DuplicateRows::new(name, identity));
-    let n = Placeholder::Stat.column(0);
-    let mut exprs: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
-    exprs.push(
-        when(n.clone().gt(lit(1i64)), check.call(vec![n]))
-            .otherwise(Expr::Column(Column::new_unqualified(GRADIENT)))?
-            .alias(GRADIENT),
-    );
-    LogicalPlanBuilder::from(summed).project(exprs)?.build()
+    let rows = LogicalPlanBuilder::from(parameter.relation.clone())
+        .project(keys)?
+        .build()?;
+    GroupJoin::plan(rows, backward.contributions, parameter.names)
 }
 
 /// `plan` with every aggregate in it (in subqueries too) shared

@@ -1,0 +1,508 @@
+//! A gradient table computed as a group join: the parameter rows as the
+//! groups, each the sum of the contributions whose identity matches it.
+//!
+//! The backward pass ends in contributions `(identity, partial)`: many per
+//! parameter row (a matrix product's `X` row gets one per output column).
+//! Written as relational operators, the gradient table is a `UNION ALL` of
+//! every parameter row (with 0, so that rows the loss never reads get 0)
+//! and the contributions, a `GROUP BY` of the identity and a check that no
+//! identity stands for two parameter rows ([`GroupJoin::plain`]: what the
+//! exported SQL and Ballista run). Hash-aggregating all those rows into as
+//! many groups as the relation has rows cost more than the forward query.
+//!
+//! [`GroupJoinExec`] does it the way a hash join does: it builds a hash
+//! table over the parameter rows' identities (failing, typed, on a
+//! repeated one), probes it with every partition of the contributions on
+//! its own task, each adding into its own vector of sums, and adds those
+//! up. Linear in the contributions, no row format, no repartitioning.
+//!
+//! ```sql
+//! -- the gradient table of mm_loss with respect to x's rows: one group per row of x
+//! SELECT n, d, grad((SELECT loss FROM mm_loss), v) FROM x;
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, UInt32Array};
+use datafusion::arrow::compute::{concat_batches, take_record_batch};
+use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
+use datafusion::catalog::Session;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::{
+    internal_err, Column, DFSchema, DFSchemaRef, DataFusionError, NullEquality, TableReference,
+};
+use datafusion::error::Result;
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
+use datafusion::logical_expr::{
+    cast, lit, when, Expr, ExprSchemable, Extension, Join, JoinConstraint, JoinType, LogicalPlan,
+    LogicalPlanBuilder, ScalarUDF, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    SendableRecordBatchStream,
+};
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
+use futures::{StreamExt, TryStreamExt};
+
+use super::backward::{aggregate, rename, sum};
+use super::duplicates::DuplicateRows;
+use super::row_index::RowIndex;
+use crate::plan::columns;
+use crate::reserved::{Placeholder, GRADIENT};
+use crate::rules::num;
+
+/// The gradient table over `rows` (the parameter rows) summed from
+/// `contributions` (identity columns `__dfgrad_key{j}`, then
+/// `__dfgrad_gradient`): every row of `rows` with the sum of the non-NULL
+/// contributions of its identity (0 if none); see the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct GroupJoin {
+    rows: LogicalPlan,
+    /// The columns of `rows` that are the identity, in the keys' order.
+    identity: Vec<usize>,
+    contributions: LogicalPlan,
+    /// `None`: `rows` are the identities alone and the output is the
+    /// gradient table; else the output is `rows` with the gradient as a
+    /// column of this relation, as if joined to the gradient table.
+    joined_as: Option<TableReference>,
+    /// The parameter relation and its identity columns, as messages name them.
+    names: (String, Vec<String>),
+    schema: DFSchemaRef,
+}
+
+impl GroupJoin {
+    /// The gradient table of the parameter rows `keys` (their identities
+    /// `__dfgrad_key{j}`) from the `contributions` (none: every row gets
+    /// 0), as a logical plan.
+    pub fn plan(
+        keys: LogicalPlan,
+        contributions: Vec<LogicalPlan>,
+        names: (&str, &[String]),
+    ) -> Result<LogicalPlan> {
+        let width = keys.schema().fields().len();
+        let mut union: Option<LogicalPlanBuilder> = None;
+        for c in contributions {
+            // the keys as the rows have them, the partial as a double
+            let mut exprs = Vec::with_capacity(width + 1);
+            for (j, e) in columns(&c).into_iter().enumerate() {
+                let to = match j < width {
+                    true => keys.schema().field(j).data_type().clone(),
+                    false => DataType::Float64,
+                };
+                let name = c.schema().field(j).name().clone();
+                exprs.push(match e.get_type(c.schema())? == to {
+                    true => e,
+                    false => cast(e, to).alias(name),
+                });
+            }
+            let c = LogicalPlanBuilder::from(c).project(exprs)?.build()?;
+            union = Some(match union {
+                Some(u) => u.union(c)?,
+                None => LogicalPlanBuilder::from(c),
+            });
+        }
+        let contributions = match union {
+            Some(u) => u.build()?,
+            // no contribution: a relation of none
+            None => {
+                let mut exprs = columns(&keys);
+                exprs.push(num(0.0).alias(GRADIENT));
+                LogicalPlanBuilder::from(keys.clone())
+                    .project(exprs)?
+                    .limit(0, Some(0))?
+                    .build()?
+            }
+        };
+        let (relation, identity) = names;
+        Self {
+            identity: (0..width).collect(),
+            rows: keys,
+            contributions,
+            joined_as: None,
+            names: (relation.to_string(), identity.to_vec()),
+            schema: Arc::new(DFSchema::empty()),
+        }
+        .into_plan()
+    }
+
+    /// When `table` is a [`GroupJoin`]'s gradient table and `rows` are the
+    /// parameter rows themselves (with the identity in columns
+    /// `identity`): `rows` left-joined to the table under the name
+    /// `joined_as`, as one group join (no join, no second hash table).
+    pub fn joined(
+        table: &LogicalPlan,
+        rows: &LogicalPlan,
+        identity: Vec<usize>,
+        joined_as: TableReference,
+    ) -> Result<Option<LogicalPlan>> {
+        let Some(g) = as_group_join(table) else {
+            return Ok(None);
+        };
+        if g.joined_as.is_some() || identity.len() != g.identity.len() {
+            return Ok(None);
+        }
+        Self {
+            rows: rows.clone(),
+            identity,
+            joined_as: Some(joined_as),
+            ..g.clone()
+        }
+        .into_plan()
+        .map(Some)
+    }
+
+    /// The node as a plan, its schema made from its fields.
+    fn into_plan(mut self) -> Result<LogicalPlan> {
+        let field = Arc::new(Field::new(GRADIENT, DataType::Float64, false));
+        let gradient =
+            DFSchema::new_with_metadata(vec![(self.joined_as.clone(), field)], Default::default())?;
+        self.schema = Arc::new(self.rows.schema().join(&gradient)?);
+        Ok(LogicalPlan::Extension(Extension {
+            node: Arc::new(self),
+        }))
+    }
+
+    /// The same as plain relational operators: every parameter row with 0
+    /// and a row count, `UNION ALL` the contributions, summed per identity,
+    /// with the duplicate-rows check where a count is above 1 (and the rows
+    /// left-joined to that, when they are joined).
+    pub fn plain(&self) -> Result<LogicalPlan> {
+        let count = Placeholder::Stat.name(0);
+        let rows_schema = self.rows.schema();
+        let keys: Vec<Expr> = self
+            .identity
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| {
+                Expr::Column(Column::from(rows_schema.qualified_field(i)))
+                    .alias(Placeholder::Key.name(j))
+            })
+            .collect();
+        let mut exprs = keys;
+        exprs.extend([num(0.0).alias(GRADIENT), lit(1i64).alias(&count)]);
+        let all = LogicalPlanBuilder::from(self.rows.clone()).project(exprs)?;
+        let mut exprs = columns(&self.contributions);
+        exprs.push(lit(0i64).alias(&count));
+        let contributions = LogicalPlanBuilder::from(self.contributions.clone())
+            .project(exprs)?
+            .build()?;
+        let nkeys = self.identity.len();
+        let keys: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
+        let summed = aggregate(
+            all.union(contributions)?.build()?,
+            keys.clone(),
+            vec![
+                sum(Expr::Column(Column::new_unqualified(GRADIENT))),
+                sum(Placeholder::Stat.column(0)),
+            ],
+        )?;
+        let summed = rename(&summed, nkeys, &[GRADIENT, &count])?;
+        let check = ScalarUDF::new_from_impl(self.check());
+        let n = Placeholder::Stat.column(0);
+        let mut exprs = keys;
+        exprs.push(
+            when(n.clone().gt(lit(1i64)), check.call(vec![n]))
+                .otherwise(Expr::Column(Column::new_unqualified(GRADIENT)))?
+                .alias(GRADIENT),
+        );
+        let table = LogicalPlanBuilder::from(summed).project(exprs)?;
+        let Some(joined_as) = &self.joined_as else {
+            return table.build();
+        };
+        let table = table.alias(joined_as.clone())?.build()?;
+        let on = self
+            .identity
+            .iter()
+            .enumerate()
+            .map(|(j, &i)| {
+                let key = Column::new(Some(joined_as.clone()), Placeholder::Key.name(j));
+                (
+                    Expr::Column(Column::from(rows_schema.qualified_field(i))),
+                    Expr::Column(key),
+                )
+            })
+            .collect();
+        let joined = LogicalPlan::Join(Join::try_new(
+            Arc::new(self.rows.clone()),
+            Arc::new(table),
+            on,
+            None,
+            JoinType::Left,
+            JoinConstraint::On,
+            NullEquality::NullEqualsNull,
+            false,
+        )?);
+        let mut exprs = columns(&self.rows);
+        exprs.push(Expr::Column(Column::new(Some(joined_as.clone()), GRADIENT)));
+        LogicalPlanBuilder::from(joined).project(exprs)?.build()
+    }
+
+    /// The input that output column `idx` is passed on from unchanged (the
+    /// same column of the rows), if it is.
+    pub fn passes(&self, idx: usize) -> Option<&LogicalPlan> {
+        (idx < self.rows.schema().fields().len()).then_some(&self.rows)
+    }
+
+    /// The check that fails on a repeated identity.
+    fn check(&self) -> DuplicateRows {
+        DuplicateRows::new(&self.names.0, &self.names.1)
+    }
+}
+
+impl PartialOrd for GroupJoin {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        (&self.rows, &self.identity, &self.contributions).partial_cmp(&(
+            &other.rows,
+            &other.identity,
+            &other.contributions,
+        ))
+    }
+}
+
+/// The [`GroupJoin`] node `plan` is, if it is one.
+pub(crate) fn as_group_join(plan: &LogicalPlan) -> Option<&GroupJoin> {
+    match plan {
+        LogicalPlan::Extension(e) => e.node.as_any().downcast_ref::<GroupJoin>(),
+        _ => None,
+    }
+}
+
+/// `plan` with every [`GroupJoin`] written as plain operators
+/// ([`GroupJoin::plain`]), for a planner (Ballista's) that does not know it.
+pub fn plain_group_joins(plan: LogicalPlan) -> Result<LogicalPlan> {
+    plan.transform_up_with_subqueries(|p| match as_group_join(&p) {
+        Some(g) => Ok(Transformed::yes(g.plain()?)),
+        None => Ok(Transformed::no(p)),
+    })
+    .map(|t| t.data)
+}
+
+impl UserDefinedLogicalNodeCore for GroupJoin {
+    fn name(&self) -> &str {
+        "GroupJoin"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.rows, &self.contributions]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "GroupJoin: gradient of `{}`'s rows", self.names.0)
+    }
+
+    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
+        match <[LogicalPlan; 2]>::try_from(inputs) {
+            Ok([rows, contributions]) if exprs.is_empty() => Ok(Self {
+                rows,
+                contributions,
+                ..self.clone()
+            }),
+            _ => internal_err!("GroupJoin has two inputs and no expressions"),
+        }
+    }
+}
+
+/// Plans [`GroupJoin`] nodes as [`GroupJoinExec`]s.
+#[derive(Debug, Default)]
+pub struct GroupJoinPlanner;
+
+#[async_trait]
+impl ExtensionPlanner for GroupJoinPlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        _session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<GroupJoin>() else {
+            return Ok(None);
+        };
+        let [rows, contributions] = physical_inputs else {
+            return internal_err!("GroupJoin has two inputs");
+        };
+        let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
+        Ok(Some(Arc::new(GroupJoinExec {
+            properties: Arc::new(PlanProperties::new(
+                EquivalenceProperties::new(Arc::clone(&schema)),
+                Partitioning::UnknownPartitioning(1),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            )),
+            rows: Arc::clone(rows),
+            contributions: Arc::clone(contributions),
+            check: Arc::new(node.check()),
+            identity: node.identity.clone(),
+            schema,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })))
+    }
+}
+
+/// Sums the contributions into the parameter rows through a hash table
+/// over the rows' identities; see the [module docs](self).
+#[derive(Debug)]
+pub struct GroupJoinExec {
+    rows: Arc<dyn ExecutionPlan>,
+    contributions: Arc<dyn ExecutionPlan>,
+    check: Arc<DuplicateRows>,
+    /// The columns of `rows` that are the identity.
+    identity: Vec<usize>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl DisplayAs for GroupJoinExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "GroupJoinExec")
+    }
+}
+
+impl ExecutionPlan for GroupJoinExec {
+    fn name(&self) -> &str {
+        "GroupJoinExec"
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.rows, &self.contributions]
+    }
+
+    /// Every input partition is read here, each on its own task: a
+    /// repartitioning in front would only copy rows.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false, false]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match <[_; 2]>::try_from(children) {
+            Ok([rows, contributions]) => Ok(Arc::new(Self {
+                rows,
+                contributions,
+                check: Arc::clone(&self.check),
+                identity: self.identity.clone(),
+                schema: Arc::clone(&self.schema),
+                properties: Arc::clone(&self.properties),
+                metrics: ExecutionPlanMetricsSet::new(),
+            })),
+            Err(_) => internal_err!("GroupJoinExec has two children"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("GroupJoinExec has one partition");
+        }
+        let (rows, contributions, check, schema) = (
+            Arc::clone(&self.rows),
+            Arc::clone(&self.contributions),
+            Arc::clone(&self.check),
+            Arc::clone(&self.schema),
+        );
+        let identity = self.identity.clone();
+        let metrics = BaselineMetrics::new(&self.metrics, partition);
+        let batch_size = context.session_config().batch_size();
+        let out = Arc::clone(&schema);
+        let output = async move {
+            let reservation = MemoryConsumer::new("GroupJoinExec").register(context.memory_pool());
+            let rows = concat_batches(&rows.schema(), &collect(rows, Arc::clone(&context)).await?)?;
+            let time = metrics.elapsed_compute().clone();
+            let index = {
+                let _timer = time.timer();
+                let keys = identity
+                    .iter()
+                    .map(|&i| Arc::clone(rows.column(i)))
+                    .collect();
+                Arc::new(RowIndex::build(keys, rows.num_rows(), &check, reservation)?)
+            };
+            let tasks: Vec<_> = (0..contributions.output_partitioning().partition_count())
+                .map(|p| {
+                    let stream = contributions.execute(p, Arc::clone(&context));
+                    let (index, time) = (Arc::clone(&index), time.clone());
+                    SpawnedTask::spawn(async move {
+                        let mut stream = stream?;
+                        let mut sums = index.sums()?;
+                        while let Some(batch) = stream.next().await {
+                            let _timer = time.timer();
+                            index.add(&batch?, &mut sums.values)?;
+                        }
+                        Ok::<_, DataFusionError>(sums)
+                    })
+                })
+                .collect();
+            let mut total = index.sums()?;
+            for task in tasks {
+                let sums = task
+                    .join_unwind()
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+                let _timer = time.timer();
+                total
+                    .values
+                    .iter_mut()
+                    .zip(&sums.values)
+                    .for_each(|(t, s)| *t += s);
+            }
+            let mut columns = rows.columns().to_vec();
+            columns
+                .push(Arc::new(Float64Array::from(std::mem::take(&mut total.values))) as ArrayRef);
+            let all = RecordBatch::try_new(out, columns)?;
+            metrics.record_output(all.num_rows());
+            metrics.done();
+            // Batches of their own (copied): slices of one large batch
+            // each count as all of it in a consumer's memory accounting.
+            let batches: Vec<Result<RecordBatch>> = (0..all.num_rows())
+                .step_by(batch_size.max(1))
+                .map(|start| {
+                    let end = all.num_rows().min(start + batch_size);
+                    let indices = UInt32Array::from_iter_values(start as u32..end as u32);
+                    Ok(take_record_batch(&all, &indices)?)
+                })
+                .collect();
+            Ok::<_, DataFusionError>(futures::stream::iter(batches))
+        };
+        let stream = futures::stream::once(output).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+}

@@ -1,0 +1,295 @@
+//! The parameter rows of a gradient table found by their identity: the
+//! lookup [`super::group_join`] probes with every contribution.
+//!
+//! Identities of integer columns spanning a small range (ids, the indices
+//! of a matrix's entries: the usual case) are numbered directly — one slot
+//! per possible identity, no hashing, and contributions in identity order
+//! touch the slots in order. Any other identity (strings, floats, NULLs,
+//! sparse integers) goes through a hash table with chains. Both fail with
+//! the duplicate-rows check's typed error where two rows share an identity.
+
+use datafusion::arrow::array::{
+    make_comparator, Array, ArrayRef, AsArray, DynComparator, RecordBatch,
+};
+use datafusion::arrow::compute::kernels::aggregate::{max, min};
+use datafusion::arrow::compute::{cast, SortOptions};
+use datafusion::arrow::datatypes::{DataType, Float64Type, Int64Type};
+use datafusion::common::hash_utils::{create_hashes, RandomState};
+use datafusion::common::{internal_err, HashMap};
+use datafusion::error::Result;
+use datafusion::execution::memory_pool::MemoryReservation;
+
+use super::duplicates::DuplicateRows;
+use crate::error::{fail, ErrorKind};
+
+/// No row (an empty slot, the end of a chain).
+const NONE: u32 = u32::MAX;
+
+/// How many slots per row a directly numbered identity may take.
+const SLOTS_PER_ROW: u128 = 4;
+
+/// The parameter rows, found by their identity (see the [module docs](self)).
+pub(super) struct RowIndex {
+    /// The rows' identity columns.
+    keys: Vec<ArrayRef>,
+    rows: usize,
+    lookup: Lookup,
+    /// The memory of the index and of the sums being added, in the pool.
+    reservation: MemoryReservation,
+}
+
+/// How an identity leads to its row.
+enum Lookup {
+    /// Integer identities: the slot of `Σ (key_c − low_c) · stride_c`
+    /// holds the row (each key within `low_c..=high_c`).
+    Numbered {
+        low: Vec<i64>,
+        high: Vec<i64>,
+        stride: Vec<u64>,
+        slots: Vec<u32>,
+    },
+    /// Any identity: each hash's latest row, and for every row the one
+    /// before it with the same hash.
+    Hashed {
+        first: HashMap<u64, u32>,
+        next: Vec<u32>,
+        hashing: RandomState,
+    },
+}
+
+/// One task's sums, one per parameter row, and their memory in the pool
+/// (held until they are dropped).
+pub(super) struct Sums {
+    pub values: Vec<f64>,
+    _memory: MemoryReservation,
+}
+
+impl RowIndex {
+    /// The index of `rows` parameter rows with identity columns `keys`;
+    /// `check`'s typed error where two of them have one identity.
+    pub fn build(
+        keys: Vec<ArrayRef>,
+        rows: usize,
+        check: &DuplicateRows,
+        reservation: MemoryReservation,
+    ) -> Result<Self> {
+        if rows >= NONE as usize {
+            return fail(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "a gradient table of {rows} parameter rows; at most {} are supported",
+                    NONE - 1
+                ),
+            );
+        }
+        let bytes: usize = keys.iter().map(|k| k.get_array_memory_size()).sum();
+        reservation.try_grow(bytes)?;
+        let lookup = match numbered(&keys, rows, check, &reservation)? {
+            Some(numbered) => numbered,
+            None => hashed(&keys, rows, check, &reservation)?,
+        };
+        Ok(Self {
+            keys,
+            rows,
+            lookup,
+            reservation,
+        })
+    }
+
+    /// Zero sums for every parameter row, their memory taken from the pool.
+    pub fn sums(&self) -> Result<Sums> {
+        let reservation = self.reservation.new_empty();
+        reservation.try_grow(self.rows * size_of::<f64>())?;
+        Ok(Sums {
+            values: vec![0.0; self.rows],
+            _memory: reservation,
+        })
+    }
+
+    /// Adds the contributions `batch` (identity columns, then the partial)
+    /// into `sums`: each non-NULL partial to the row of its identity (none:
+    /// it is dropped).
+    pub fn add(&self, batch: &RecordBatch, sums: &mut [f64]) -> Result<()> {
+        let width = self.keys.len();
+        let keys = &batch.columns()[..width];
+        let Some(partials) = batch.column(width).as_primitive_opt::<Float64Type>() else {
+            return internal_err!("a gradient table's contributions are doubles");
+        };
+        match &self.lookup {
+            Lookup::Numbered {
+                low,
+                high,
+                stride,
+                slots,
+            } => {
+                let keys = keys
+                    .iter()
+                    .map(|k| cast(k, &DataType::Int64))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                let keys: Vec<_> = keys.iter().map(|k| k.as_primitive::<Int64Type>()).collect();
+                'rows: for i in 0..batch.num_rows() {
+                    if partials.is_null(i) {
+                        continue;
+                    }
+                    let mut slot = 0u64;
+                    for (c, k) in keys.iter().enumerate() {
+                        let v = k.value(i);
+                        if k.is_null(i) || v < low[c] || v > high[c] {
+                            continue 'rows;
+                        }
+                        slot += v.abs_diff(low[c]) * stride[c];
+                    }
+                    let row = slots[slot as usize];
+                    if row != NONE {
+                        sums[row as usize] += partials.value(i);
+                    }
+                }
+            }
+            Lookup::Hashed {
+                first,
+                next,
+                hashing,
+            } => {
+                let mut hashes = vec![0; batch.num_rows()];
+                create_hashes(keys, hashing, &mut hashes)?;
+                let same = comparators(keys, &self.keys)?;
+                // A row's contributions tend to come one after another (a
+                // join emits a probe row's matches together): the last row
+                // found is tried before the table.
+                let mut last = NONE;
+                for (i, &h) in hashes.iter().enumerate() {
+                    if partials.is_null(i) {
+                        continue;
+                    }
+                    if last == NONE || !equal(&same, i, last as usize) {
+                        last = first.get(&h).copied().unwrap_or(NONE);
+                        while last != NONE && !equal(&same, i, last as usize) {
+                            last = next[last as usize];
+                        }
+                        if last == NONE {
+                            continue;
+                        }
+                    }
+                    sums[last as usize] += partials.value(i);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The numbered lookup of `keys`, if they are integers without NULLs whose
+/// ranges multiply to at most [`SLOTS_PER_ROW`] slots per row.
+fn numbered(
+    keys: &[ArrayRef],
+    rows: usize,
+    check: &DuplicateRows,
+    reservation: &MemoryReservation,
+) -> Result<Option<Lookup>> {
+    if rows == 0
+        || keys
+            .iter()
+            .any(|k| !k.data_type().is_integer() || k.null_count() > 0)
+    {
+        return Ok(None);
+    }
+    let keys = keys
+        .iter()
+        .map(|k| cast(k, &DataType::Int64))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let keys: Vec<_> = keys.iter().map(|k| k.as_primitive::<Int64Type>()).collect();
+    // an unsigned key above i64::MAX casts to NULL
+    if keys.iter().any(|k| k.null_count() > 0) {
+        return Ok(None);
+    }
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut span: u128 = 1;
+    for k in &keys {
+        let (Some(l), Some(h)) = (min(*k), max(*k)) else {
+            return Ok(None);
+        };
+        span *= u128::from(h.abs_diff(l)) + 1;
+        if span > SLOTS_PER_ROW * rows as u128 {
+            return Ok(None);
+        }
+        low.push(l);
+        high.push(h);
+    }
+    let mut stride = vec![1u64; keys.len()];
+    for c in (0..keys.len().saturating_sub(1)).rev() {
+        stride[c] = stride[c + 1] * (high[c + 1].abs_diff(low[c + 1]) + 1);
+    }
+    reservation.try_grow(span as usize * size_of::<u32>())?;
+    let mut slots = vec![NONE; span as usize];
+    for row in 0..rows {
+        let slot: u64 = (0..keys.len())
+            .map(|c| keys[c].value(row).abs_diff(low[c]) * stride[c])
+            .sum();
+        let slot = &mut slots[slot as usize];
+        if *slot != NONE {
+            return fail(ErrorKind::InvalidWrt, check.message());
+        }
+        *slot = row as u32;
+    }
+    Ok(Some(Lookup::Numbered {
+        low,
+        high,
+        stride,
+        slots,
+    }))
+}
+
+/// The hashed lookup of `keys` (any types, NULLs equal).
+fn hashed(
+    keys: &[ArrayRef],
+    rows: usize,
+    check: &DuplicateRows,
+    reservation: &MemoryReservation,
+) -> Result<Lookup> {
+    // the chains and the table (about twice its entries)
+    reservation.try_grow(rows * (size_of::<u32>() + 2 * 16))?;
+    let hashing = RandomState::with_seed(0);
+    let mut hashes = vec![0; rows];
+    create_hashes(keys, &hashing, &mut hashes)?;
+    let same = comparators(keys, keys)?;
+    let mut first: HashMap<u64, u32> = HashMap::with_capacity(rows);
+    let mut next = vec![NONE; rows];
+    for (i, &h) in hashes.iter().enumerate() {
+        if let Some(&latest) = first.get(&h) {
+            let mut j = latest;
+            while j != NONE {
+                if equal(&same, i, j as usize) {
+                    return fail(ErrorKind::InvalidWrt, check.message());
+                }
+                j = next[j as usize];
+            }
+            next[i] = latest;
+        }
+        first.insert(h, i as u32);
+    }
+    Ok(Lookup::Hashed {
+        first,
+        next,
+        hashing,
+    })
+}
+
+/// The comparators of `left`'s identity columns with `right`'s.
+fn comparators(left: &[ArrayRef], right: &[ArrayRef]) -> Result<Vec<DynComparator>> {
+    left.iter()
+        .zip(right)
+        .map(|(l, r)| {
+            Ok(make_comparator(
+                l.as_ref(),
+                r.as_ref(),
+                SortOptions::default(),
+            )?)
+        })
+        .collect()
+}
+
+/// Whether row `i` of the left columns has the identity of row `j` of the
+/// right ones (NULLs equal).
+fn equal(comparators: &[DynComparator], i: usize, j: usize) -> bool {
+    comparators.iter().all(|c| c(i, j).is_eq())
+}
