@@ -443,6 +443,7 @@ impl ExecutionPlan for GroupJoinExec {
         let output = async move {
             let reservation = MemoryConsumer::new("GroupJoinExec").register(context.memory_pool());
             let rows = concat_batches(&rows.schema(), &collect(rows, Arc::clone(&context)).await?)?;
+            reservation.try_grow(rows.get_array_memory_size())?;
             let time = metrics.elapsed_compute().clone();
             let index = {
                 let _timer = time.timer();

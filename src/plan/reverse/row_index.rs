@@ -65,8 +65,9 @@ pub(super) struct Sums {
 }
 
 impl RowIndex {
-    /// The index of `rows` parameter rows with identity columns `keys`;
-    /// `check`'s typed error where two of them have one identity.
+    /// The index of `rows` parameter rows with identity columns `keys`
+    /// (their memory in `reservation` already); `check`'s typed error where
+    /// two of them have one identity.
     pub fn build(
         keys: Vec<ArrayRef>,
         rows: usize,
@@ -82,8 +83,6 @@ impl RowIndex {
                 ),
             );
         }
-        let bytes: usize = keys.iter().map(|k| k.get_array_memory_size()).sum();
-        reservation.try_grow(bytes)?;
         let lookup = match numbered(&keys, rows, check, &reservation)? {
             Some(numbered) => numbered,
             None => hashed(&keys, rows, check, &reservation)?,
