@@ -642,6 +642,18 @@ WITH s AS (SELECT avg((pts.x * w.val - pts.y) * (pts.x * w.val - pts.y)) AS loss
 SELECT id, val - 0.1 * grad((SELECT loss FROM s), val) AS val FROM w;
 SELECT id, val FROM w2 ORDER BY id;
 
+-- name: relational_in_aggregate_and_where
+-- refuse: sqlite
+WITH s AS (SELECT sum(g.x * t.x * t.x) AS loss FROM g JOIN t ON t.id = g.id % 5 + 1)
+SELECT id % 2 AS k, sum(power(grad((SELECT loss FROM s), t.x), 2)) AS sq, count(*) AS n
+FROM t WHERE grad((SELECT loss FROM s), t.x) > -1000000 GROUP BY id % 2 ORDER BY k;
+
+-- name: relational_string_identity
+-- refuse: sqlite
+WITH p(name, v) AS (VALUES ('a', 0.5), ('b', -1.5), ('c', 2.0)),
+     s AS (SELECT sum(t.x * p.v * p.v) AS loss FROM t JOIN p ON p.name = CASE WHEN t.id % 2 = 0 THEN 'a' ELSE 'b' END)
+SELECT name, grad((SELECT loss FROM s), p.v) AS dv FROM p ORDER BY name;
+
 ------------------------------------------------------------------------------
 -- Derivatives through WITH RECURSIVE (forward mode): the recursive CTE
 -- printed with its tangent columns (not yet where its steps aggregate, nor

@@ -56,7 +56,7 @@ mod tables;
 use aggregates::through_aggregates;
 use recursion::through_recursion;
 use subqueries::through_subqueries;
-use tables::{hoist_from_filter, through_tables};
+use tables::{hoist_markers, through_tables};
 
 use super::columns;
 use super::dml::inline_updates;
@@ -217,7 +217,7 @@ fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if !node.expressions().iter().any(has_marker) {
         return Ok(Transformed::no(node));
     }
-    if let Some(hoisted) = hoist_from_filter(&node)? {
+    if let Some(hoisted) = hoist_markers(&node)? {
         let below = rewrite_node(hoisted.below.clone())?.data;
         return Ok(Transformed::yes(hoisted.over(below)?));
     }

@@ -29,7 +29,7 @@ use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Expr, Filter, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
+    lit, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
     Subquery, SubqueryAlias,
 };
 
@@ -142,44 +142,108 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
     node.with_new_exprs(exprs, vec![plan])
 }
 
-/// A `WHERE` clause whose derivatives need gradient tables, moved onto a
-/// projection below it (the gradient tables are joined to the rows there):
-/// see [`hoist_from_filter`].
+/// A `WHERE` clause or aggregate whose derivatives need gradient tables,
+/// moved onto a projection below the node (the gradient tables are joined
+/// to the rows there): see [`hoist_markers`].
 pub(crate) struct Hoisted {
-    /// The filter's input with the predicate's markers as columns
-    /// `__dfgrad_where{k}` (to be differentiated).
+    /// The node's input with the markers as columns `__dfgrad_where{k}`
+    /// (to be differentiated).
     pub below: LogicalPlan,
-    /// The predicate over those columns.
-    predicate: Expr,
-    /// How many columns the filter's input has.
+    /// The node, its markers replaced by those columns.
+    node: LogicalPlan,
+    /// Its expressions so rewritten.
+    exprs: Vec<Expr>,
+    /// How many columns the node's input has.
     width: usize,
 }
 
 impl Hoisted {
-    /// The filter over `below` (differentiated), with the input's columns.
+    /// The node over `below` (differentiated), with the columns it had.
     pub fn over(self, below: LogicalPlan) -> Result<LogicalPlan> {
-        let filter = LogicalPlan::Filter(Filter::try_new(self.predicate, Arc::new(below))?);
-        let kept: Vec<Expr> = filter.schema().columns()[..self.width]
+        let node = self.node.with_new_exprs(self.exprs, vec![below])?;
+        if !matches!(node, LogicalPlan::Filter(_)) {
+            return Ok(node);
+        }
+        let kept: Vec<Expr> = node.schema().columns()[..self.width]
             .iter()
             .cloned()
             .map(Expr::Column)
             .collect();
         Ok(LogicalPlan::Projection(Projection::try_new(
             kept,
-            Arc::new(filter),
+            Arc::new(node),
         )?))
     }
 }
 
-/// `node`, a filter whose predicate holds markers with respect to a table's
-/// rows (`WHERE grad((SELECT loss FROM s), p.val) > 1`), as a [`Hoisted`];
-/// `None` for any other node.
-pub(crate) fn hoist_from_filter(node: &LogicalPlan) -> Result<Option<Hoisted>> {
-    let LogicalPlan::Filter(f) = node else {
-        return Ok(None);
+/// `node` as a [`Hoisted`] when it is a filter whose predicate, or an
+/// aggregate whose aggregate calls' arguments, hold markers with respect
+/// to a table's rows (`WHERE grad((SELECT loss FROM s), p.val) > 1`,
+/// `sum(power(grad((SELECT loss FROM s), p.val), 2))`); `None` for any
+/// other node. (A marker *over* aggregates, `grad(avg(f), w)`, is the
+/// sibling module `aggregates`'s.)
+pub(crate) fn hoist_markers(node: &LogicalPlan) -> Result<Option<Hoisted>> {
+    let (input, exprs) = match node {
+        LogicalPlan::Filter(f) => (&f.input, vec![f.predicate.clone()]),
+        LogicalPlan::Aggregate(a) => (&a.input, node.expressions()),
+        _ => return Ok(None),
     };
+    let in_filter = matches!(node, LogicalPlan::Filter(_));
     let mut markers: Vec<Expr> = Vec::new();
-    f.predicate.apply(|e| {
+    for e in &exprs {
+        e.apply(|e| {
+            if let (false, Expr::AggregateFunction(call)) = (in_filter, e) {
+                for arg in &call.params.args {
+                    collect_markers(arg, &mut markers)?;
+                }
+                return Ok(TreeNodeRecursion::Jump);
+            }
+            if in_filter && as_marker(e).is_some() {
+                collect_markers(e, &mut markers)?;
+                return Ok(TreeNodeRecursion::Jump);
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+    }
+    if markers.is_empty() {
+        return Ok(None);
+    }
+    let mut columns_below = columns(input);
+    let width = columns_below.len();
+    for (k, m) in markers.iter().enumerate() {
+        columns_below.push(m.clone().alias(Placeholder::Where.name(k)));
+    }
+    let below = LogicalPlan::Projection(Projection::try_new(columns_below, Arc::clone(input))?);
+    if through_tables(below.clone())? == below {
+        return Ok(None);
+    }
+    let names = NamePreserver::new(node);
+    let mut rewritten = Vec::with_capacity(exprs.len());
+    for e in node.expressions() {
+        let saved = names.save(&e);
+        let e = e
+            .transform_down(|e| match markers.iter().position(|m| *m == e) {
+                Some(k) => Ok(Transformed::new(
+                    Placeholder::Where.column(k),
+                    true,
+                    TreeNodeRecursion::Jump,
+                )),
+                None => Ok(Transformed::no(e)),
+            })?
+            .data;
+        rewritten.push(saved.restore(e));
+    }
+    Ok(Some(Hoisted {
+        below,
+        node: node.clone(),
+        exprs: rewritten,
+        width,
+    }))
+}
+
+/// Adds to `markers` each marker of `e` (outermost, once).
+fn collect_markers(e: &Expr, markers: &mut Vec<Expr>) -> Result<()> {
+    e.apply(|e| {
         if as_marker(e).is_none() {
             return Ok(TreeNodeRecursion::Continue);
         }
@@ -188,35 +252,7 @@ pub(crate) fn hoist_from_filter(node: &LogicalPlan) -> Result<Option<Hoisted>> {
         }
         Ok(TreeNodeRecursion::Jump)
     })?;
-    if markers.is_empty() {
-        return Ok(None);
-    }
-    let mut exprs = columns(&f.input);
-    let width = exprs.len();
-    for (k, m) in markers.iter().enumerate() {
-        exprs.push(m.clone().alias(Placeholder::Where.name(k)));
-    }
-    let below = LogicalPlan::Projection(Projection::try_new(exprs, Arc::clone(&f.input))?);
-    if through_tables(below.clone())? == below {
-        return Ok(None);
-    }
-    let predicate = f
-        .predicate
-        .clone()
-        .transform_down(|e| match markers.iter().position(|m| *m == e) {
-            Some(k) => Ok(Transformed::new(
-                Placeholder::Where.column(k),
-                true,
-                TreeNodeRecursion::Jump,
-            )),
-            None => Ok(Transformed::no(e)),
-        })?
-        .data;
-    Ok(Some(Hoisted {
-        below,
-        predicate,
-        width,
-    }))
+    Ok(())
 }
 
 /// One marker: when its `f` reads a loss subquery over a variable's rows,
