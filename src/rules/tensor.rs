@@ -13,19 +13,19 @@
 //! | `softmax(z)` | z | `softmax_vjp(y, g)` | `softmax_vjp(y, t)` |
 //! | `cross_entropy(z, l)` | z | `scale(cross_entropy_grad(z, l), g)` | `dot(cross_entropy_grad(z, l), t)` |
 //! | `cross_entropy_grad(z, l)` | z | `scale(softmax_vjp(softmax(z), g), 1/rows)` | `scale(softmax_vjp(softmax(z), t), 1/rows)` |
+//! | `softmax_vjp(y, v)` | v | `softmax_vjp(y, g)` | `softmax_vjp(y, t)` |
+//! | `log_softmax_vjp(y, v)` | v | `log_softmax_jvp(y, g)` | `log_softmax_vjp(y, t)` |
 //!
 //! and so on for every entry of [`RULES`]. A number broadcast against a
 //! tensor (`tensor_add(t, 1.0)`) receives the sum of its elements'
 //! cotangents; a vector broadcast over a matrix's rows (a bias) the sum of
 //! the rows' (`col_sum`). Functions that are piecewise constant (`argmax`,
 //! `tensor_step`) or constant (`zeros_like`) have zero partials.
-//! `cross_entropy_grad` has a rule, so second derivatives through
-//! `cross_entropy` work (a training loop's hypergradient); the other fused
-//! helper products (`softmax_vjp`, `log_softmax_vjp`) have none, so a
-//! second derivative through `softmax` or `log_softmax`, a third through
-//! `cross_entropy`, or a third through `logsumexp` (whose derivative is
-//! `softmax`) is refused with a `non_differentiable` error rather than
-//! computed wrongly.
+//! The fused helper products the rules write (`cross_entropy_grad`,
+//! `softmax_vjp`, `log_softmax_vjp`, `log_softmax_jvp`) have rules of
+//! their own, so derivatives of any order go through `softmax`,
+//! `log_softmax`, `logsumexp` and `cross_entropy` (a training loop's
+//! hypergradient differentiates its step's gradient once more).
 
 use datafusion::error::Result;
 use datafusion::logical_expr::Expr;
@@ -270,6 +270,121 @@ pub const RULES: &[RuleEntry] = &[
             linear(
                 f("row_dot", [c.flow(), c.arg(0)]),
                 f("row_scale", [c.arg(0), c.flow()]),
+            ),
+        ])
+    }),
+    ("softmax_vjp", |c| {
+        // y ⊙ g − row_scale(y, d), d = row_dot(y, g): in y, a tangent t
+        // gives t ⊙ g − row_scale(t, d) − row_scale(y, row_dot(t, g)), and
+        // a cotangent u goes back as u ⊙ g − row_scale(u, d) −
+        // row_scale(g, row_dot(u, y)); in g it is softmax_vjp itself (the
+        // Jacobian is symmetric).
+        let (y, g) = (c.arg(0), c.arg(1));
+        let d = f("row_dot", [y.clone(), g.clone()]);
+        let jvp = f(
+            "tensor_sub",
+            [
+                f("tensor_mul", [c.flow(), g.clone()]),
+                f(
+                    "tensor_add",
+                    [
+                        f("row_scale", [c.flow(), d.clone()]),
+                        f(
+                            "row_scale",
+                            [y.clone(), f("row_dot", [c.flow(), g.clone()])],
+                        ),
+                    ],
+                ),
+            ],
+        );
+        let vjp = f(
+            "tensor_sub",
+            [
+                f("tensor_mul", [c.flow(), g.clone()]),
+                f(
+                    "tensor_add",
+                    [
+                        f("row_scale", [c.flow(), d]),
+                        f("row_scale", [g, f("row_dot", [c.flow(), y.clone()])]),
+                    ],
+                ),
+            ],
+        );
+        let by_g = f("softmax_vjp", [y, c.flow()]);
+        Ok(vec![linear(vjp, jvp), linear(by_g.clone(), by_g)])
+    }),
+    ("log_softmax_vjp", |c| {
+        // g − row_scale(exp(y), S), S = the rows' sums of g: in y, t gives
+        // −row_scale(exp(y) ⊙ t, S) and u goes back as −row_scale(u, S) ⊙
+        // exp(y); in g the map is log_softmax_vjp, its transpose
+        // log_softmax_jvp.
+        let (y, g) = (c.arg(0), c.arg(1));
+        let e = f("tensor_exp", [y.clone()]);
+        let sums = f("row_dot", [g.clone(), f("fill_like", [g, num(1.0)])]);
+        let jvp = f(
+            "scale",
+            [
+                f(
+                    "row_scale",
+                    [f("tensor_mul", [e.clone(), c.flow()]), sums.clone()],
+                ),
+                num(-1.0),
+            ],
+        );
+        let vjp = f(
+            "scale",
+            [
+                f("tensor_mul", [f("row_scale", [c.flow(), sums]), e]),
+                num(-1.0),
+            ],
+        );
+        Ok(vec![
+            linear(vjp, jvp),
+            linear(
+                f("log_softmax_jvp", [y.clone(), c.flow()]),
+                f("log_softmax_vjp", [y, c.flow()]),
+            ),
+        ])
+    }),
+    ("log_softmax_jvp", |c| {
+        // t − row_dot(exp(y), t) (each row's number taken from each of its
+        // elements): in y, s gives −row_dot(exp(y) ⊙ s, t) so broadcast,
+        // and u goes back as −row_scale(exp(y) ⊙ t, the rows' sums of u);
+        // in t the map is log_softmax_jvp, its transpose log_softmax_vjp.
+        let (y, t) = (c.arg(0), c.arg(1));
+        let e = f("tensor_exp", [y.clone()]);
+        let ones = f("fill_like", [t.clone(), num(1.0)]);
+        let jvp = f(
+            "scale",
+            [
+                f(
+                    "row_scale",
+                    [
+                        ones.clone(),
+                        f(
+                            "row_dot",
+                            [f("tensor_mul", [e.clone(), c.flow()]), t.clone()],
+                        ),
+                    ],
+                ),
+                num(-1.0),
+            ],
+        );
+        let vjp = f(
+            "scale",
+            [
+                f(
+                    "row_scale",
+                    [f("tensor_mul", [e, t]), f("row_dot", [c.flow(), ones])],
+                ),
+                num(-1.0),
+            ],
+        );
+        Ok(vec![
+            linear(vjp, jvp),
+            linear(
+                f("log_softmax_vjp", [y.clone(), c.flow()]),
+                f("log_softmax_jvp", [y, c.flow()]),
             ),
         ])
     }),
