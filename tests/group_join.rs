@@ -44,25 +44,12 @@ fn assert_close(got: &[f64], want: &[f64]) {
     }
 }
 
-/// X (7 x 3) · W (3 x 2) as join + SUM, loss sum(Y²): ∂loss/∂X = 2 Y Wᵀ,
-/// over x's own rows: one group join, and no join of x to its gradients.
+/// X (6 x 3) · W (3 x 2) as join + SUM (the setup of `shared`), loss
+/// sum(Y²): ∂loss/∂X = 2 Y Wᵀ, over x's own rows: one group join, and no
+/// join of x to its gradients.
 #[tokio::test]
 async fn the_relations_own_rows_are_summed_into_without_a_join() -> Result<()> {
-    let ctx = session(
-        3,
-        &[
-            "CREATE TABLE x AS SELECT n, d, sin(n * 0.37 + d) AS v
-               FROM (SELECT value AS n FROM generate_series(0, 6))
-               CROSS JOIN (SELECT value AS d FROM generate_series(0, 2))",
-            "CREATE TABLE w AS SELECT d, h, cos(d * 1.3 + h) AS val
-               FROM (SELECT value AS d FROM generate_series(0, 2))
-               CROSS JOIN (SELECT value AS h FROM generate_series(0, 1))",
-            "CREATE VIEW mm_loss AS SELECT sum(y * y) AS loss
-               FROM (SELECT x.n, w.h, sum(x.v * w.val) AS y FROM x JOIN w ON x.d = w.d
-                     GROUP BY x.n, w.h)",
-        ],
-    )
-    .await?;
+    let ctx = session(3, crate::shared::SETUP).await?;
     let sql = "SELECT n, d, grad((SELECT loss FROM mm_loss), v) AS g FROM x ORDER BY n, d";
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
     let text = displayable(plan.as_ref()).indent(false).to_string();
@@ -78,7 +65,7 @@ async fn the_relations_own_rows_are_summed_into_without_a_join() -> Result<()> {
     let w = |d: usize, h: usize| (d as f64 * 1.3 + h as f64).cos();
     let y = |n: usize, h: usize| (0..3).map(|d| x(n, d) * w(d, h)).sum::<f64>();
     let mut want = Vec::new();
-    for n in 0..7 {
+    for n in 0..6 {
         for d in 0..3 {
             want.push((0..2).map(|h| 2.0 * y(n, h) * w(d, h)).sum());
         }

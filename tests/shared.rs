@@ -13,7 +13,7 @@ use datafusion::prelude::*;
 use datafusion_grad::plan::shared::SharedExec;
 
 /// X (6 x 3) · W (3 x 2) as join + SUM; loss sum(Y²); ∂loss/∂W = 2 XᵀY.
-const SETUP: &[&str] = &[
+pub(crate) const SETUP: &[&str] = &[
     "CREATE TABLE x AS SELECT n, d, sin(n * 0.37 + d) AS v
        FROM (SELECT value AS n FROM generate_series(0, 5))
        CROSS JOIN (SELECT value AS d FROM generate_series(0, 2))",

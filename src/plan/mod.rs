@@ -54,10 +54,10 @@ pub mod shared;
 
 use std::sync::Arc;
 
-use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::{internal_err, NullEquality};
 use datafusion::error::Result;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::{Expr, Join, JoinConstraint, JoinType, LogicalPlan};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::ExecutionPlan;
@@ -151,6 +151,26 @@ pub(crate) fn columns(plan: &LogicalPlan) -> Vec<Expr> {
         .into_iter()
         .map(Expr::Column)
         .collect()
+}
+
+/// Every row of `rows` with the row of `table` whose columns equal its own
+/// `on` (NULLs equal; none: NULLs): how a gradient table is joined to the
+/// rows it is of.
+pub(crate) fn left_join_by_identity(
+    rows: LogicalPlan,
+    table: LogicalPlan,
+    on: Vec<(Expr, Expr)>,
+) -> Result<LogicalPlan> {
+    Ok(LogicalPlan::Join(Join::try_new(
+        Arc::new(rows),
+        Arc::new(table),
+        on,
+        None,
+        JoinType::Left,
+        JoinConstraint::On,
+        NullEquality::NullEqualsNull,
+        false,
+    )?))
 }
 
 /// `e` without its top-level aliases.

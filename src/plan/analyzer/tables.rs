@@ -36,9 +36,9 @@ use datafusion::logical_expr::{
 use super::chain_total;
 use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
-use crate::plan::columns;
 use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
 use crate::plan::reverse::{gradient_table, reads, share_aggregates, GroupJoin, Parameter};
+use crate::plan::{columns, left_join_by_identity};
 use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
 use crate::tensor::Shape;
 
@@ -106,16 +106,7 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
             })
             .collect();
         let table = SubqueryAlias::try_new(Arc::new(table), qualifier.clone())?;
-        plan = LogicalPlan::Join(Join::try_new(
-            Arc::new(plan),
-            Arc::new(LogicalPlan::SubqueryAlias(table)),
-            on,
-            None,
-            JoinType::Left,
-            JoinConstraint::On,
-            NullEquality::NullEqualsNull,
-            false,
-        )?);
+        plan = left_join_by_identity(plan, LogicalPlan::SubqueryAlias(table), on)?;
     }
     // Each loss joined as a one-row relation (a scalar subquery expression
     // cannot run everywhere a marker can, e.g. in UPDATE): the sum of its

@@ -32,15 +32,15 @@ use datafusion::catalog::Session;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
 use datafusion::common::{
-    internal_err, Column, DFSchema, DFSchemaRef, DataFusionError, NullEquality, TableReference,
+    internal_err, Column, DFSchema, DFSchemaRef, DataFusionError, TableReference,
 };
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
-    cast, lit, when, Expr, ExprSchemable, Extension, Join, JoinConstraint, JoinType, LogicalPlan,
-    LogicalPlanBuilder, ScalarUDF, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+    cast, lit, when, Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder, ScalarUDF,
+    UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
@@ -56,7 +56,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::backward::{aggregate, rename, sum};
 use super::duplicates::DuplicateRows;
 use super::row_index::RowIndex;
-use crate::plan::columns;
+use crate::plan::{columns, left_join_by_identity};
 use crate::reserved::{Placeholder, GRADIENT};
 use crate::rules::num;
 
@@ -231,16 +231,7 @@ impl GroupJoin {
                 )
             })
             .collect();
-        let joined = LogicalPlan::Join(Join::try_new(
-            Arc::new(self.rows.clone()),
-            Arc::new(table),
-            on,
-            None,
-            JoinType::Left,
-            JoinConstraint::On,
-            NullEquality::NullEqualsNull,
-            false,
-        )?);
+        let joined = left_join_by_identity(self.rows.clone(), table, on)?;
         let mut exprs = columns(&self.rows);
         exprs.push(Expr::Column(Column::new(Some(joined_as.clone()), GRADIENT)));
         LogicalPlanBuilder::from(joined).project(exprs)?.build()
