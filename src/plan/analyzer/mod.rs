@@ -52,11 +52,13 @@ mod recursion;
 mod reverse_recursion;
 mod subqueries;
 mod tables;
+mod visible;
 
 use aggregates::through_aggregates;
 use recursion::through_recursion;
 use subqueries::through_subqueries;
 use tables::{hoist_markers, through_tables};
+use visible::widen_aggregate_inputs;
 
 use super::columns;
 use super::dml::inline_updates;
@@ -110,15 +112,7 @@ impl OptimizerRule for GradBeforeOptimizing {
         plan: LogicalPlan,
         config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let mut marked = false;
-        plan.apply_with_subqueries(|node| {
-            marked = node.expressions().iter().any(has_marker);
-            Ok(match marked {
-                true => TreeNodeRecursion::Stop,
-                false => TreeNodeRecursion::Continue,
-            })
-        })?;
-        if !marked {
+        if !holds_markers(&plan)? {
             return Ok(Transformed::no(plan));
         }
         Ok(Transformed::yes(
@@ -127,8 +121,25 @@ impl OptimizerRule for GradBeforeOptimizing {
     }
 }
 
+/// Whether a node of `plan` (or of its subqueries) holds a marker.
+fn holds_markers(plan: &LogicalPlan) -> Result<bool> {
+    let mut marked = false;
+    plan.apply_with_subqueries(|node| {
+        marked = node.expressions().iter().any(has_marker);
+        Ok(match marked {
+            true => TreeNodeRecursion::Stop,
+            false => TreeNodeRecursion::Continue,
+        })
+    })?;
+    Ok(marked)
+}
+
 /// `plan` with its markers rewritten, node by node from the leaves up.
 fn differentiate(plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPlan> {
+    if !holds_markers(&plan)? {
+        return Ok(plan);
+    }
+    let plan = widen_aggregate_inputs(plan)?;
     let plan = reverse_recursion::with_mode(RecursionMode::of(config), || {
         plan.transform_up_with_subqueries(rewrite_node)
     })?;
