@@ -65,7 +65,7 @@ fn widened(input: &LogicalPlan) -> Result<Option<LogicalPlan>> {
                     continue;
                 }
                 let mut read: Vec<_> = e.column_refs().into_iter().collect();
-                read.sort_by(|a, b| a.flat_name().cmp(&b.flat_name()));
+                read.sort_by_key(|c| c.flat_name());
                 for c in read {
                     // a name the output has (or two inputs share) is left
                     // out: the output's names stay unique
