@@ -54,13 +54,16 @@ pub mod shared;
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::common::{internal_err, NullEquality};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Join, JoinConstraint, JoinType, LogicalPlan};
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, PlanProperties};
 
 /// A rewrite of a physical plan, saying whether it changed it.
 pub(crate) type PlanRewrite =
@@ -171,6 +174,17 @@ pub(crate) fn left_join_by_identity(
         NullEquality::NullEqualsNull,
         false,
     )?))
+}
+
+/// The properties of an operator that computes all its rows before it
+/// returns any, in one partition, of `schema`.
+pub(crate) fn one_final_partition(schema: &SchemaRef) -> Arc<PlanProperties> {
+    Arc::new(PlanProperties::new(
+        EquivalenceProperties::new(Arc::clone(schema)),
+        Partitioning::UnknownPartitioning(1),
+        EmissionType::Final,
+        Boundedness::Bounded,
+    ))
 }
 
 /// `e` without its top-level aliases.

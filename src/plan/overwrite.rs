@@ -35,8 +35,7 @@ use datafusion::logical_expr::{
     lit, DmlStatement, Expr, Extension, LogicalPlan, LogicalPlanBuilder, TableSource,
     UserDefinedLogicalNode, UserDefinedLogicalNodeCore, WriteOp,
 };
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     collect, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
@@ -44,8 +43,8 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
 use crate::error::{fail, ErrorKind};
-use crate::plan::columns;
 use crate::plan::dml::joins_gradient_table;
+use crate::plan::{columns, one_final_partition};
 use crate::reserved::UPDATED;
 
 /// Whether `plan` holds an `UPDATE` whose input joins a gradient table.
@@ -234,12 +233,7 @@ impl ExtensionPlanner for OverwritePlanner {
         }
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Ok(Some(Arc::new(OverwriteExec {
-            properties: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(Arc::clone(&schema)),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
+            properties: one_final_partition(&schema),
             input: Arc::clone(input),
             table,
             schema,

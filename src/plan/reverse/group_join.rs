@@ -42,8 +42,7 @@ use datafusion::logical_expr::{
     cast, lit, when, Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder, ScalarUDF,
     UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
-use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
-use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -56,7 +55,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::backward::{aggregate, rename, sum};
 use super::duplicates::DuplicateRows;
 use super::row_index::RowIndex;
-use crate::plan::{columns, left_join_by_identity};
+use crate::plan::{columns, left_join_by_identity, one_final_partition};
 use crate::reserved::{Placeholder, GRADIENT};
 use crate::rules::num;
 
@@ -333,12 +332,7 @@ impl ExtensionPlanner for GroupJoinPlanner {
         };
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Ok(Some(Arc::new(GroupJoinExec {
-            properties: Arc::new(PlanProperties::new(
-                EquivalenceProperties::new(Arc::clone(&schema)),
-                Partitioning::UnknownPartitioning(1),
-                EmissionType::Final,
-                Boundedness::Bounded,
-            )),
+            properties: one_final_partition(&schema),
             rows: Arc::clone(rows),
             contributions: Arc::clone(contributions),
             check: Arc::new(node.check()),
