@@ -174,27 +174,28 @@ impl Hoisted {
 /// other node. (A marker *over* aggregates, `grad(avg(f), w)`, is the
 /// sibling module `aggregates`'s.)
 pub(crate) fn hoist_markers(node: &LogicalPlan) -> Result<Option<Hoisted>> {
-    let (input, exprs) = match node {
-        LogicalPlan::Filter(f) => (&f.input, vec![f.predicate.clone()]),
-        LogicalPlan::Aggregate(a) => (&a.input, node.expressions()),
+    let input = match node {
+        LogicalPlan::Filter(f) => &f.input,
+        LogicalPlan::Aggregate(a) => &a.input,
         _ => return Ok(None),
     };
-    let in_filter = matches!(node, LogicalPlan::Filter(_));
+    let exprs = node.expressions();
     let mut markers: Vec<Expr> = Vec::new();
     for e in &exprs {
-        e.apply(|e| {
-            if let (false, Expr::AggregateFunction(call)) = (in_filter, e) {
-                for arg in &call.params.args {
-                    collect_markers(arg, &mut markers)?;
-                }
-                return Ok(TreeNodeRecursion::Jump);
+        match node {
+            LogicalPlan::Filter(_) => collect_markers(e, &mut markers)?,
+            _ => {
+                e.apply(|e| {
+                    let Expr::AggregateFunction(call) = e else {
+                        return Ok(TreeNodeRecursion::Continue);
+                    };
+                    for arg in &call.params.args {
+                        collect_markers(arg, &mut markers)?;
+                    }
+                    Ok(TreeNodeRecursion::Jump)
+                })?;
             }
-            if in_filter && as_marker(e).is_some() {
-                collect_markers(e, &mut markers)?;
-                return Ok(TreeNodeRecursion::Jump);
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })?;
+        }
     }
     if markers.is_empty() {
         return Ok(None);
@@ -210,7 +211,7 @@ pub(crate) fn hoist_markers(node: &LogicalPlan) -> Result<Option<Hoisted>> {
     }
     let names = NamePreserver::new(node);
     let mut rewritten = Vec::with_capacity(exprs.len());
-    for e in node.expressions() {
+    for e in exprs {
         let saved = names.save(&e);
         let e = e
             .transform_down(|e| match markers.iter().position(|m| *m == e) {

@@ -79,14 +79,18 @@ pub(crate) struct GroupJoin {
 }
 
 impl GroupJoin {
-    /// The gradient table of the parameter rows `keys` (their identities
-    /// `__dfgrad_key{j}`) from the `contributions` (none: every row gets
-    /// 0), as a logical plan.
+    /// The gradient table of the parameter rows `relation`, told apart by
+    /// its columns `identity`, from the `contributions` (none: every row
+    /// gets 0), as a logical plan.
     pub fn plan(
-        keys: LogicalPlan,
+        relation: &LogicalPlan,
+        identity: &[usize],
         contributions: Vec<LogicalPlan>,
         names: (&str, &[String]),
     ) -> Result<LogicalPlan> {
+        let keys = LogicalPlanBuilder::from(relation.clone())
+            .project(keys(relation, identity))?
+            .build()?;
         let width = keys.schema().fields().len();
         let mut union: Option<LogicalPlanBuilder> = None;
         for c in contributions {
@@ -176,17 +180,7 @@ impl GroupJoin {
     /// left-joined to that, when they are joined).
     pub fn plain(&self) -> Result<LogicalPlan> {
         let count = Placeholder::Stat.name(0);
-        let rows_schema = self.rows.schema();
-        let keys: Vec<Expr> = self
-            .identity
-            .iter()
-            .enumerate()
-            .map(|(j, &i)| {
-                Expr::Column(Column::from(rows_schema.qualified_field(i)))
-                    .alias(Placeholder::Key.name(j))
-            })
-            .collect();
-        let mut exprs = keys;
+        let mut exprs = keys(&self.rows, &self.identity);
         exprs.extend([num(0.0).alias(GRADIENT), lit(1i64).alias(&count)]);
         let all = LogicalPlanBuilder::from(self.rows.clone()).project(exprs)?;
         let mut exprs = columns(&self.contributions);
@@ -195,10 +189,10 @@ impl GroupJoin {
             .project(exprs)?
             .build()?;
         let nkeys = self.identity.len();
-        let keys: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
+        let key_columns: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
         let summed = aggregate(
             all.union(contributions)?.build()?,
-            keys.clone(),
+            key_columns.clone(),
             vec![
                 sum(Expr::Column(Column::new_unqualified(GRADIENT))),
                 sum(Placeholder::Stat.column(0)),
@@ -207,7 +201,7 @@ impl GroupJoin {
         let summed = rename(&summed, nkeys, &[GRADIENT, &count])?;
         let check = ScalarUDF::new_from_impl(self.check());
         let n = Placeholder::Stat.column(0);
-        let mut exprs = keys;
+        let mut exprs = key_columns;
         exprs.push(
             when(n.clone().gt(lit(1i64)), check.call(vec![n]))
                 .otherwise(Expr::Column(Column::new_unqualified(GRADIENT)))?
@@ -218,16 +212,12 @@ impl GroupJoin {
             return table.build();
         };
         let table = table.alias(joined_as.clone())?.build()?;
-        let on = self
-            .identity
-            .iter()
+        let on = keys(&self.rows, &self.identity)
+            .into_iter()
             .enumerate()
-            .map(|(j, &i)| {
-                let key = Column::new(Some(joined_as.clone()), Placeholder::Key.name(j));
-                (
-                    Expr::Column(Column::from(rows_schema.qualified_field(i))),
-                    Expr::Column(key),
-                )
+            .map(|(j, key)| {
+                let table_key = Column::new(Some(joined_as.clone()), Placeholder::Key.name(j));
+                (key.unalias(), Expr::Column(table_key))
             })
             .collect();
         let joined = left_join_by_identity(self.rows.clone(), table, on)?;
@@ -246,6 +236,19 @@ impl GroupJoin {
     fn check(&self) -> DuplicateRows {
         DuplicateRows::new(&self.names.0, &self.names.1)
     }
+}
+
+/// The identity columns `identity` of `rows` as the keys
+/// `__dfgrad_key{j}`.
+fn keys(rows: &LogicalPlan, identity: &[usize]) -> Vec<Expr> {
+    let schema = rows.schema();
+    identity
+        .iter()
+        .enumerate()
+        .map(|(j, &i)| {
+            Expr::Column(Column::from(schema.qualified_field(i))).alias(Placeholder::Key.name(j))
+        })
+        .collect()
 }
 
 impl PartialOrd for GroupJoin {
@@ -472,16 +475,16 @@ impl ExecutionPlan for GroupJoinExec {
             let all = RecordBatch::try_new(out, columns)?;
             metrics.record_output(all.num_rows());
             metrics.done();
-            // Batches of their own (copied): slices of one large batch
-            // each count as all of it in a consumer's memory accounting.
-            let batches: Vec<Result<RecordBatch>> = (0..all.num_rows())
+            // Batches of their own, copied as they are read: slices of one
+            // large batch each count as all of it in a consumer's memory
+            // accounting.
+            let batches = (0..all.num_rows())
                 .step_by(batch_size.max(1))
-                .map(|start| {
+                .map(move |start| {
                     let end = all.num_rows().min(start + batch_size);
                     let indices = UInt32Array::from_iter_values(start as u32..end as u32);
                     Ok(take_record_batch(&all, &indices)?)
-                })
-                .collect();
+                });
             Ok::<_, DataFusionError>(futures::stream::iter(batches))
         };
         let stream = futures::stream::once(output).try_flatten();

@@ -41,9 +41,8 @@ mod group_join;
 mod row_index;
 
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::Column;
 use datafusion::error::Result;
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use backward::{Backward, Seed};
 pub(crate) use duplicates::plain_check;
@@ -52,7 +51,6 @@ pub(crate) use group_join::{as_group_join, plain_group_joins, GroupJoin, GroupJo
 
 use crate::error::{fail, ErrorKind};
 use crate::plan::shared::share;
-use crate::reserved::Placeholder;
 use crate::rules::{num, Rules};
 
 /// A column of a parameter relation, differentiated with respect to at
@@ -109,20 +107,12 @@ pub(crate) fn gradient_table(
         terms: vec![(Expr::Column(loss.schema().columns()[0].clone()), num(1.0))],
     };
     backward.run(loss, &seed)?;
-    // The parameter rows' identities, the groups of the contributions.
-    let schema = parameter.relation.schema();
-    let keys: Vec<Expr> = parameter
-        .identity
-        .iter()
-        .enumerate()
-        .map(|(j, &i)| {
-            Expr::Column(Column::from(schema.qualified_field(i))).alias(Placeholder::Key.name(j))
-        })
-        .collect();
-    let rows = LogicalPlanBuilder::from(parameter.relation.clone())
-        .project(keys)?
-        .build()?;
-    GroupJoin::plan(rows, backward.contributions, parameter.names)
+    GroupJoin::plan(
+        parameter.relation,
+        parameter.identity,
+        backward.contributions,
+        parameter.names,
+    )
 }
 
 /// `plan` with every aggregate in it (in subqueries too) shared
