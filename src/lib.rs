@@ -81,10 +81,12 @@ pub use plan::broadcast::BroadcastAggregate;
 pub use plan::dml::InlineUpdates;
 pub use plan::invariant::LoopInvariants;
 pub use plan::serial_iterations::SerialIterations;
+pub use plan::step_projections::StepProjections;
 
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
 /// ([`tensor`]), the analyzer rule, the planner rules ([`plan::dml`],
-/// [`plan::broadcast`], [`plan::invariant`]) and the query planner of shared subplans
+/// [`plan::broadcast`], [`plan::invariant`], [`plan::serial_iterations`],
+/// [`plan::step_projections`]) and the query planner of shared subplans
 /// ([`plan::shared`]) into `ctx`, with the built-in derivative rules. The
 /// query planner replaces `ctx`'s: DataFusion's default planner, plus the
 /// shared subplans.
@@ -122,6 +124,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
         .with_physical_optimizer_rule(Arc::new(LoopInvariants))
         .with_physical_optimizer_rule(Arc::new(BroadcastAggregate))
         .with_physical_optimizer_rule(Arc::new(SerialIterations))
+        .with_physical_optimizer_rule(Arc::new(StepProjections))
         .with_query_planner(Arc::new(plan::shared::SharingPlanner))
         .build();
 }

@@ -28,6 +28,8 @@
 //!   table (a training loop's data), computed once for all iterations;
 //! - [`serial_iterations`]: the rows an iteration passes on kept in their
 //!   partitions (no round-robin repartition per iteration);
+//! - [`step_projections`]: a recursive term's stacked projections evaluated
+//!   by one operator;
 //! - [`adjoint_loop`]: reverse mode through a recursive query's iterations
 //!   (each row's iterations replayed forwards, then backwards).
 //!
@@ -51,6 +53,7 @@ pub mod overwrite;
 pub mod reverse;
 pub mod serial_iterations;
 pub mod shared;
+pub mod step_projections;
 
 use std::sync::Arc;
 
