@@ -92,6 +92,23 @@ const QUERIES: &[(&str, bool)] = &[
     ),
     ("SELECT g, sum(x * w) FROM l CROSS JOIN r GROUP BY g", false),
     ("SELECT sum(x * w) FROM l CROSS JOIN r", false),
+    // Values computed from the left row alone (computed once per row), a
+    // volatile function beside them (computed per joined row), NULL left
+    // values, and a left-only value that fails to compute for some rows
+    // but is never read by them.
+    (
+        "SELECT k, sum(x * ww), avg(ww + y), count(*) FILTER (WHERE random() < 2.0),
+                sum(x) FILTER (WHERE wk > 0)
+         FROM (SELECT k, w * w + 1.0 AS ww, CAST(k AS DOUBLE) * w AS wk, x, y
+               FROM l CROSS JOIN r)
+         GROUP BY k",
+        true,
+    ),
+    (
+        "SELECT s, k, sum(CASE WHEN k = 2 THEN x ELSE 10 / (k - 2) END)
+         FROM l CROSS JOIN r GROUP BY s, k",
+        true,
+    ),
     // A gradient-descent loop written by hand: the training-loop shape.
     (
         "WITH RECURSIVE fit(step, w, b) AS (

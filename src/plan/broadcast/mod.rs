@@ -66,6 +66,9 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::{rewrite_down, Visit};
+use row_pass::RowPass;
+
+mod row_pass;
 use crate::options::GradOptions;
 
 /// The physical optimizer rule that installs [`BroadcastAggregateExec`]
@@ -232,12 +235,13 @@ fn number_values(columns: &[ArrayRef]) -> Result<(UInt32Array, Vec<u32>)> {
 /// partitions, with its rows grouped by the aggregate's keys.
 #[derive(Debug)]
 struct Left {
-    batch: RecordBatch,
     /// The group of each left row.
     group_of: Vec<usize>,
     /// The key columns, one row per group, as DataFusion's own grouping
     /// emits them (e.g. `-0.0` folded into `0.0`).
     keys: Vec<ArrayRef>,
+    /// Each row's pass over the right batches (`None`: it passes no row).
+    passes: Vec<Option<RowPass>>,
 }
 
 type SharedLeft = Shared<BoxFuture<'static, std::result::Result<Arc<Left>, Arc<DataFusionError>>>>;
@@ -481,7 +485,7 @@ impl BroadcastAggregateExec {
                 let schema = plan.schema();
                 let batches = collect(plan, context).await?;
                 let batch = concat_batches(&schema, &batches)?;
-                Ok(Arc::new(Left::new(batch, &pass.keys, &pass.key_schema)?))
+                Ok(Arc::new(Left::new(batch, &pass)?))
             }
             .map(|r: Result<Arc<Left>>| r.map_err(Arc::new))
             .boxed()
@@ -498,7 +502,8 @@ impl Left {
     /// equality for them, and given back as they are in `batch`: decoding
     /// them from that encoding (what `GROUP BY` does) takes a call per
     /// element, and a training loop's parameters are tensors.
-    fn new(batch: RecordBatch, keys: &[usize], key_schema: &SchemaRef) -> Result<Self> {
+    fn new(batch: RecordBatch, pass: &Pass) -> Result<Self> {
+        let (keys, key_schema) = (&pass.keys, &pass.key_schema);
         let columns: Vec<ArrayRef> = keys.iter().map(|&k| Arc::clone(batch.column(k))).collect();
         let nested = |i: &usize| columns[*i].data_type().is_nested();
         // The plain keys, and a number per distinct value of the nested
@@ -544,22 +549,14 @@ impl Left {
                 _ => Ok(emitted.next().expect("a plain key column")),
             })
             .collect::<Result<Vec<_>>>()?;
+        let passes = (0..batch.num_rows())
+            .map(|row| RowPass::new(pass, &batch, row))
+            .collect::<Result<_>>()?;
         Ok(Self {
-            batch,
             group_of,
             keys,
+            passes,
         })
-    }
-
-    /// Left row `row` joined with every row of `right`.
-    fn join(&self, row: usize, right: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
-        let rows = right.num_rows();
-        let mut columns = Vec::with_capacity(schema.fields().len());
-        for column in self.batch.columns() {
-            columns.push(ScalarValue::try_from_array(column, row)?.to_array_of_size(rows)?);
-        }
-        columns.extend(right.columns().iter().cloned());
-        batch_of(Arc::clone(schema), columns, rows)
     }
 }
 
@@ -606,10 +603,10 @@ impl Pass {
         if right.num_rows() == 0 {
             return Ok(());
         }
-        let filters = self.aggregate.filter_expr();
-        for row in 0..left.batch.num_rows() {
-            let mut batch = left.join(row, right, &self.join_schema)?;
-            for step in &self.steps {
+        for (row, pass) in left.passes.iter().enumerate() {
+            let Some(pass) = pass else { continue };
+            let mut batch = pass.joined(right)?;
+            for step in &pass.steps {
                 batch = step.apply(batch)?;
             }
             if batch.num_rows() == 0 {
@@ -619,8 +616,8 @@ impl Pass {
             groups.seen[group] = true;
             for ((accumulator, arguments), filter) in groups.accumulators[group]
                 .iter_mut()
-                .zip(&self.arguments)
-                .zip(filters)
+                .zip(&pass.arguments)
+                .zip(&pass.filters)
             {
                 let input = match filter {
                     Some(filter) => batch_filter(&batch, filter)?,
