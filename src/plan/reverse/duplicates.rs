@@ -10,12 +10,12 @@
 use datafusion::arrow::array::{new_null_array, AsArray};
 use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type};
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
-    self as logical, lit, BinaryExpr, ColumnarValue, Expr, LogicalPlan, Operator,
-    ScalarFunctionArgs, ScalarUDFImpl, Signature, Volatility,
+    self as logical, lit, BinaryExpr, ColumnarValue, Expr, Operator, ScalarFunctionArgs,
+    ScalarUDFImpl, Signature, Volatility,
 };
 
 use crate::error::{fail, ErrorKind};
@@ -94,7 +94,11 @@ impl ScalarUDFImpl for DuplicateRows {
 /// `plan` (with its subqueries) with every duplicate-rows check written as
 /// plain SQL: `CAST('<message>; parameter rows: ' || CAST(n AS VARCHAR) AS
 /// DOUBLE)` where its `CASE` picks it, for an engine without the UDF.
-pub(crate) fn plain_checks(plan: LogicalPlan) -> Result<LogicalPlan> {
+#[cfg(feature = "ballista")]
+pub(crate) fn plain_checks(
+    plan: datafusion::logical_expr::LogicalPlan,
+) -> Result<datafusion::logical_expr::LogicalPlan> {
+    use datafusion::common::tree_node::TreeNode;
     plan.transform_up_with_subqueries(|node| node.map_expressions(|e| e.transform_up(plain_check)))
         .map(|t| t.data)
 }

@@ -30,7 +30,7 @@ use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
 use datafusion::catalog::Session;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{
     internal_err, Column, DFSchema, DFSchemaRef, DataFusionError, TableReference,
 };
@@ -271,7 +271,9 @@ pub(crate) fn as_group_join(plan: &LogicalPlan) -> Option<&GroupJoin> {
 
 /// `plan` with every [`GroupJoin`] written as plain operators
 /// ([`GroupJoin::plain`]), for a planner (Ballista's) that does not know it.
+#[cfg(feature = "ballista")]
 pub fn plain_group_joins(plan: LogicalPlan) -> Result<LogicalPlan> {
+    use datafusion::common::tree_node::Transformed;
     plan.transform_up_with_subqueries(|p| match as_group_join(&p) {
         Some(g) => Ok(Transformed::yes(g.plain()?)),
         None => Ok(Transformed::no(p)),

@@ -46,8 +46,11 @@ use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use backward::{Backward, Seed};
 pub(crate) use duplicates::plain_check;
+#[cfg(feature = "ballista")]
 pub(crate) use duplicates::plain_checks;
-pub(crate) use group_join::{as_group_join, plain_group_joins, GroupJoin, GroupJoinPlanner};
+#[cfg(feature = "ballista")]
+pub(crate) use group_join::plain_group_joins;
+pub(crate) use group_join::{as_group_join, GroupJoin, GroupJoinPlanner};
 
 use crate::error::{fail, ErrorKind};
 use crate::plan::shared::share;
