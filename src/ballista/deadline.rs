@@ -16,7 +16,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::common::internal_err;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -28,6 +27,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use crate::error::{ErrorKind, GradError};
+use crate::plan::only_child;
 
 /// Runs its child, failing with [`ErrorKind::ClusterTimeout`] when a
 /// partition's stream has not ended `timeout` after `execute`.
@@ -80,13 +80,11 @@ impl ExecutionPlan for DeadlineExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => Ok(Arc::new(Self {
-                input,
-                timeout: self.timeout,
-            })),
-            Err(_) => internal_err!("DeadlineExec has one child"),
-        }
+        let input = only_child(children, "DeadlineExec")?;
+        Ok(Arc::new(Self {
+            input,
+            timeout: self.timeout,
+        }))
     }
 
     fn execute(

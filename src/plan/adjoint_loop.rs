@@ -60,6 +60,7 @@ use datafusion::physical_plan::{
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use futures::StreamExt;
 
+use super::only_child;
 use crate::options::GradOptions;
 use crate::reserved::{initial_column, reverse_column, seed_column, ITERATION_COLUMN};
 
@@ -318,19 +319,17 @@ impl ExecutionPlan for AdjointLoopExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => Ok(Arc::new(Self {
-                properties: properties(&self.schema, &input),
-                input,
-                schema: Arc::clone(&self.schema),
-                name: self.name.clone(),
-                replay: Arc::clone(&self.replay),
-                iteration: self.iteration,
-                initial: self.initial.clone(),
-                wanted: self.wanted.clone(),
-            })),
-            Err(_) => internal_err!("AdjointLoopExec has one child"),
-        }
+        let input = only_child(children, "AdjointLoopExec")?;
+        Ok(Arc::new(Self {
+            properties: properties(&self.schema, &input),
+            input,
+            schema: Arc::clone(&self.schema),
+            name: self.name.clone(),
+            replay: Arc::clone(&self.replay),
+            iteration: self.iteration,
+            initial: self.initial.clone(),
+            wanted: self.wanted.clone(),
+        }))
     }
 
     fn execute(

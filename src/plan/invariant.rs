@@ -42,7 +42,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use datafusion::arrow::array::RecordBatch;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::internal_err;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::DataFusionError;
@@ -73,6 +72,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::iterate::IterationScanExec;
+use super::only_child;
 use super::shared::SharedExec;
 use super::{rewrite_down, rewrite_recursive_terms, Visit};
 use crate::options::GradOptions;
@@ -545,15 +545,13 @@ impl ExecutionPlan for LoopInvariantExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => Ok(Arc::new(Self::with_store(
-                input,
-                Arc::clone(&self.store),
-                self.spread,
-                Arc::clone(&self.properties),
-            ))),
-            Err(_) => internal_err!("LoopInvariantExec has one child"),
-        }
+        let input = only_child(children, "LoopInvariantExec")?;
+        Ok(Arc::new(Self::with_store(
+            input,
+            Arc::clone(&self.store),
+            self.spread,
+            Arc::clone(&self.properties),
+        )))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {

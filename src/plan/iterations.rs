@@ -38,6 +38,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use super::only_child;
 use crate::error::{ErrorKind, GradError};
 use crate::options::GradOptions;
 
@@ -180,14 +181,12 @@ impl ExecutionPlan for CountedTermExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => Ok(Arc::new(Self {
-                input,
-                executions: Arc::clone(&self.executions),
-                rows: Arc::clone(&self.rows),
-            })),
-            Err(_) => internal_err!("CountedTermExec has one child"),
-        }
+        let input = only_child(children, "CountedTermExec")?;
+        Ok(Arc::new(Self {
+            input,
+            executions: Arc::clone(&self.executions),
+            rows: Arc::clone(&self.rows),
+        }))
     }
 
     fn execute(

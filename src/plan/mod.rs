@@ -179,6 +179,18 @@ pub(crate) fn left_join_by_identity(
     )?))
 }
 
+/// The one child in `children` (what `ExecutionPlan::with_new_children`
+/// gives an operator of one input, `name`), or an internal error.
+pub(crate) fn only_child(
+    children: Vec<Arc<dyn ExecutionPlan>>,
+    name: &str,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    match <[_; 1]>::try_from(children) {
+        Ok([child]) => Ok(child),
+        Err(_) => internal_err!("{name} has one child"),
+    }
+}
+
 /// The properties of an operator that computes all its rows before it
 /// returns any, in one partition, of `schema`.
 pub(crate) fn one_final_partition(schema: &SchemaRef) -> Arc<PlanProperties> {

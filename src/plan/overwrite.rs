@@ -42,6 +42,7 @@ use datafusion::physical_plan::{
 };
 use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
+use super::only_child;
 use crate::error::{fail, ErrorKind};
 use crate::plan::dml::joins_gradient_table;
 use crate::plan::{columns, one_final_partition};
@@ -281,15 +282,13 @@ impl ExecutionPlan for OverwriteExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => Ok(Arc::new(Self {
-                input,
-                table: Arc::clone(&self.table),
-                schema: Arc::clone(&self.schema),
-                properties: Arc::clone(&self.properties),
-            })),
-            Err(_) => internal_err!("OverwriteExec has one child"),
-        }
+        let input = only_child(children, "OverwriteExec")?;
+        Ok(Arc::new(Self {
+            input,
+            table: Arc::clone(&self.table),
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+        }))
     }
 
     fn execute(

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use datafusion::arrow::array::{RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
@@ -35,6 +34,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use super::only_child;
 use super::rewrite_recursive_terms;
 
 /// The physical optimizer rule (see the [module docs](self); registered by
@@ -178,23 +178,19 @@ impl ExecutionPlan for StepProjectionExec {
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 1]>::try_from(children) {
-            Ok([input]) => {
-                // The properties stay where the input's did (a reset for
-                // the next iteration); otherwise the chain computes them.
-                let properties = match Arc::ptr_eq(input.properties(), self.input.properties()) {
-                    true => Arc::clone(&self.properties),
-                    false => self.properties_over(&input)?,
-                };
-                Ok(Arc::new(Self {
-                    input,
-                    stages: Arc::clone(&self.stages),
-                    properties,
-                    metrics: ExecutionPlanMetricsSet::new(),
-                }))
-            }
-            Err(_) => internal_err!("StepProjectionExec has one child"),
-        }
+        let input = only_child(children, "StepProjectionExec")?;
+        // The properties stay where the input's did (a reset for
+        // the next iteration); otherwise the chain computes them.
+        let properties = match Arc::ptr_eq(input.properties(), self.input.properties()) {
+            true => Arc::clone(&self.properties),
+            false => self.properties_over(&input)?,
+        };
+        Ok(Arc::new(Self {
+            input,
+            stages: Arc::clone(&self.stages),
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
     }
 
     fn execute(
