@@ -203,7 +203,8 @@ async fn set_kept(ctx: &SessionContext, kept: bool) -> Result<()> {
 #[tokio::test]
 async fn every_loop_gives_the_same_rows_with_its_data_kept() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    for partitions in [1, 4] {
+    // 2 partitions: the file (one row group) is also split between them
+    for partitions in [1, 2, 4] {
         let ctx = session(dir.path(), partitions, None).await?;
         for &(sql, must_keep) in LOOPS {
             set_kept(&ctx, false).await?;
@@ -298,6 +299,25 @@ async fn data_in_one_partition_is_spread_over_the_cores() -> Result<()> {
     let ctx = session(dir.path(), 4, None).await?;
     let shown = plan(&ctx, LOOPS[0].0).await?;
     assert!(shown.contains("LoopInvariantExec: partitions=4"), "{shown}");
+    Ok(())
+}
+
+/// The file, of one row group, is read by both cores: each partition of
+/// the scan under the kept rows a share of its rows (DataFusion reads a row
+/// group in one partition).
+#[tokio::test]
+async fn a_file_of_one_row_group_is_read_by_every_core() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = session(dir.path(), 2, None).await?;
+    let shown = plan(&ctx, LOOPS[0].0).await?;
+    assert!(
+        shown.contains("file_groups={2 groups: [[") && shown.contains("d.parquet], ["),
+        "{shown}"
+    );
+    // not kept: DataFusion's scan (one group for this small file)
+    set_kept(&ctx, false).await?;
+    let shown = plan(&ctx, LOOPS[0].0).await?;
+    assert!(!shown.contains("d.parquet], ["), "{shown}");
     Ok(())
 }
 

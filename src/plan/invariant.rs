@@ -30,7 +30,8 @@
 //! above depends on the partitioning, the kept rows are spread evenly over
 //! the session's `target_partitions`, so that every core works on them.
 //! Otherwise every partition replays exactly its batches: the same results,
-//! bit for bit, as computing the part again.
+//! bit for bit, as computing the part again. A Parquet file of one row group
+//! is then also read by every core ([`super::split_scan`]).
 //!
 //! ```sql
 //! SET datafusion_grad.cache_loop_invariants = false; -- read the data every iteration
@@ -74,6 +75,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::iterate::IterationScanExec;
 use super::only_child;
 use super::shared::SharedExec;
+use super::split_scan::split_file_scans;
 use super::{rewrite_down, rewrite_recursive_terms, Visit};
 use crate::options::GradOptions;
 
@@ -125,7 +127,9 @@ fn keep_invariants(
         } else if !is_invariant(plan) {
             Visit::Descend
         } else if worth_keeping(plan, cores, may_widen) {
-            let plan = Arc::clone(plan);
+            // A file of one row group decoded by every core, not one.
+            let plan =
+                split_file_scans(plan, cores, may_widen)?.unwrap_or_else(|| Arc::clone(plan));
             Visit::Replace(Arc::new(LoopInvariantExec::new(plan, cores, may_widen)))
         } else {
             Visit::Stop

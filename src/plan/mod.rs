@@ -26,6 +26,8 @@
 //!   progress;
 //! - [`invariant`]: the parts of a recursive term that do not read the work
 //!   table (a training loop's data), computed once for all iterations;
+//! - [`split_scan`]: a loop's data file of one row group read by every
+//!   core;
 //! - [`serial_iterations`]: the rows an iteration passes on kept in their
 //!   partitions (no round-robin repartition per iteration);
 //! - [`step_projections`]: a recursive term's stacked projections evaluated
@@ -53,6 +55,7 @@ pub mod overwrite;
 pub mod reverse;
 pub mod serial_iterations;
 pub mod shared;
+pub mod split_scan;
 pub mod step_projections;
 
 use std::sync::Arc;
