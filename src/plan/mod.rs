@@ -69,6 +69,7 @@ use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::{ExecutionPlan, PlanProperties};
 
 /// A rewrite of a physical plan, saying whether it changed it.
@@ -180,6 +181,15 @@ pub(crate) fn left_join_by_identity(
         NullEquality::NullEqualsNull,
         false,
     )?))
+}
+
+/// `plan` where it is a round-robin repartition that does not keep the
+/// rows' order: it deals batches to partitions, and no rows depend on where
+/// they land.
+pub(crate) fn dealt(plan: &Arc<dyn ExecutionPlan>) -> Option<&RepartitionExec> {
+    let r = plan.downcast_ref::<RepartitionExec>()?;
+    (matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) && !r.preserve_order())
+        .then_some(r)
 }
 
 /// The one child in `children` (what `ExecutionPlan::with_new_children`

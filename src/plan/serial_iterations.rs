@@ -27,11 +27,10 @@ use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
-use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, Partitioning};
+use datafusion::physical_plan::ExecutionPlan;
 
 use super::invariant::{reads_iterations, reads_iterations_here};
-use super::rewrite_recursive_terms;
+use super::{dealt, rewrite_recursive_terms};
 use crate::options::GradOptions;
 
 /// The physical optimizer rule (see the [module docs](self); registered by
@@ -91,8 +90,6 @@ fn reads_other_data(term: &Arc<dyn ExecutionPlan>) -> bool {
 /// The input of `plan` where it is a round-robin repartition (order not
 /// preserved) of rows read from the work table.
 fn dealt_from_iterations(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
-    let r = plan.downcast_ref::<RepartitionExec>()?;
-    let round_robin = matches!(r.partitioning(), Partitioning::RoundRobinBatch(_));
-    (round_robin && !r.preserve_order() && reads_iterations(r.input()))
-        .then(|| Arc::clone(r.input()))
+    let r = dealt(plan)?;
+    reads_iterations(r.input()).then(|| Arc::clone(r.input()))
 }

@@ -29,8 +29,9 @@ use datafusion::parquet::file::metadata::ParquetMetaDataReader;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, Partitioning};
+use datafusion::physical_plan::ExecutionPlan;
+
+use super::dealt;
 
 /// The fewest rows worth splitting: two batches per core.
 const SPLIT_ROWS: usize = 2 * 8192;
@@ -48,9 +49,7 @@ pub(crate) fn split_file_scans(
     if cores < 2 {
         return Ok(None);
     }
-    let dealt = plan.downcast_ref::<RepartitionExec>().is_some_and(|r| {
-        matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) && !r.preserve_order()
-    });
+    let dealt = dealt(plan).is_some();
     let passes = plan.downcast_ref::<ProjectionExec>().is_some()
         || plan.downcast_ref::<FilterExec>().is_some();
     if dealt || passes {

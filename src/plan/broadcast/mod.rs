@@ -65,7 +65,7 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{rewrite_down, Visit};
+use super::{dealt, rewrite_down, Visit};
 use row_pass::RowPass;
 
 mod row_pass;
@@ -312,11 +312,7 @@ impl BroadcastAggregateExec {
         let join = loop {
             if let Some(join) = node.downcast_ref::<CrossJoinExec>() {
                 break join;
-            } else if let Some(r) = node
-                .downcast_ref::<RepartitionExec>()
-                .filter(|r| matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)))
-                .filter(|r| !r.preserve_order() && spread.is_none())
-            {
+            } else if let Some(r) = dealt(node).filter(|_| spread.is_none()) {
                 spread = Some(r.partitioning().clone());
                 node = r.input();
             } else if let Some(p) = node.downcast_ref::<ProjectionExec>() {
@@ -558,6 +554,41 @@ impl Left {
             passes,
         })
     }
+
+    /// Feeds `right` joined with each of these rows into that row's group.
+    fn update(&self, groups: &mut Groups, right: &RecordBatch) -> Result<()> {
+        if right.num_rows() == 0 {
+            return Ok(());
+        }
+        for (row, pass) in self.passes.iter().enumerate() {
+            let Some(pass) = pass else { continue };
+            let mut batch = pass.joined(right)?;
+            for step in &pass.steps {
+                batch = step.apply(batch)?;
+            }
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            let group = self.group_of[row];
+            groups.seen[group] = true;
+            for ((accumulator, arguments), filter) in groups.accumulators[group]
+                .iter_mut()
+                .zip(&pass.arguments)
+                .zip(&pass.filters)
+            {
+                let input = match filter {
+                    Some(filter) => batch_filter(&batch, filter)?,
+                    None => batch.clone(),
+                };
+                let values = arguments
+                    .iter()
+                    .map(|e| e.evaluate(&input)?.into_array(input.num_rows()))
+                    .collect::<Result<Vec<_>>>()?;
+                accumulator.update_batch(&values)?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One output partition's accumulators: per group, one per aggregate.
@@ -598,41 +629,6 @@ impl Groups {
 }
 
 impl Pass {
-    /// Feeds `right` joined with each left row into that row's group.
-    fn update(&self, left: &Left, groups: &mut Groups, right: &RecordBatch) -> Result<()> {
-        if right.num_rows() == 0 {
-            return Ok(());
-        }
-        for (row, pass) in left.passes.iter().enumerate() {
-            let Some(pass) = pass else { continue };
-            let mut batch = pass.joined(right)?;
-            for step in &pass.steps {
-                batch = step.apply(batch)?;
-            }
-            if batch.num_rows() == 0 {
-                continue;
-            }
-            let group = left.group_of[row];
-            groups.seen[group] = true;
-            for ((accumulator, arguments), filter) in groups.accumulators[group]
-                .iter_mut()
-                .zip(&pass.arguments)
-                .zip(&pass.filters)
-            {
-                let input = match filter {
-                    Some(filter) => batch_filter(&batch, filter)?,
-                    None => batch.clone(),
-                };
-                let values = arguments
-                    .iter()
-                    .map(|e| e.evaluate(&input)?.into_array(input.num_rows()))
-                    .collect::<Result<Vec<_>>>()?;
-                accumulator.update_batch(&values)?;
-            }
-        }
-        Ok(())
-    }
-
     /// The groups that received rows: their keys, then each aggregate's
     /// state (`Partial`) or value (`Single`).
     fn finish(&self, left: &Left, mut groups: Groups) -> Result<RecordBatch> {
@@ -685,7 +681,7 @@ async fn accumulate(
     while let Some(batch) = right.next().await {
         let batch = batch?;
         let _timer = time.timer();
-        pass.update(left, &mut groups, &batch)?;
+        left.update(&mut groups, &batch)?;
     }
     Ok(groups)
 }
