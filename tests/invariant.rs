@@ -302,22 +302,77 @@ async fn data_in_one_partition_is_spread_over_the_cores() -> Result<()> {
     Ok(())
 }
 
-/// The file, of one row group, is read by both cores: each partition of
-/// the scan under the kept rows a share of its rows (DataFusion reads a row
-/// group in one partition).
+/// The file, of one row group, is read by both cores: a scan each, of
+/// other columns, zipped back into rows (DataFusion reads a row group in
+/// one partition).
 #[tokio::test]
 async fn a_file_of_one_row_group_is_read_by_every_core() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let ctx = session(dir.path(), 2, None).await?;
     let shown = plan(&ctx, LOOPS[0].0).await?;
+    assert!(shown.contains("ZipColumnsExec: inputs=2"), "{shown}");
     assert!(
-        shown.contains("file_groups={2 groups: [[") && shown.contains("d.parquet], ["),
+        shown.contains("projection=[x]") && shown.contains("projection=[y]"),
         "{shown}"
     );
     // not kept: DataFusion's scan (one group for this small file)
     set_kept(&ctx, false).await?;
     let shown = plan(&ctx, LOOPS[0].0).await?;
-    assert!(!shown.contains("d.parquet], ["), "{shown}");
+    assert!(!shown.contains("ZipColumnsExec"), "{shown}");
+    Ok(())
+}
+
+/// More cores than columns: each column's scan is also split into shares
+/// of rows, and the rows (in their order) are those of the file read
+/// whole; one column alone is split into shares of rows only.
+#[tokio::test]
+async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = session(dir.path(), 4, None).await?;
+    let file = dir.path().join("big.parquet");
+    // 70,000 rows: two batches per core at 4 cores; batches of 8192 and
+    // 1000-row pages so the shares start inside pages
+    ctx.sql(&format!(
+        "COPY (SELECT CAST(value AS DOUBLE) / 70000.0 AS x,
+                      cos(value * 0.11) AS y, value AS i
+               FROM generate_series(1, 70000))
+         TO '{}' STORED AS PARQUET OPTIONS ('format.max_row_group_size' '1000000',
+                                            'format.data_page_row_count_limit' '1000')",
+        file.display()
+    ))
+    .await?
+    .collect()
+    .await?;
+    ctx.register_parquet("big", file.to_str().unwrap(), ParquetReadOptions::default())
+        .await?;
+    // every row of the data, in the order the loop's last step read them
+    let sql = "WITH RECURSIVE r(step, s) AS (
+           SELECT 0, 0.0
+           UNION ALL
+           SELECT step + 1, s + sum(x * y + i) FILTER (WHERE i % 7 = step)
+           FROM r CROSS JOIN big WHERE step < 6 GROUP BY step, s)
+         SELECT * FROM r ORDER BY step";
+    let one_column = "WITH RECURSIVE r(step, s) AS (
+           SELECT 0, 0.0
+           UNION ALL
+           SELECT step + 1, s + sum(y) FROM r CROSS JOIN (SELECT y FROM big)
+           WHERE step < 4 GROUP BY step, s)
+         SELECT * FROM r ORDER BY step";
+    set_kept(&ctx, false).await?;
+    let read = rows(&ctx, sql).await?;
+    let read_one = rows(&ctx, one_column).await?;
+    set_kept(&ctx, true).await?;
+    let shown = plan(&ctx, sql).await?;
+    // three columns on four cores: two groups of columns, two shares each
+    assert!(shown.contains("ZipColumnsExec: inputs=2"), "{shown}");
+    assert!(shown.contains("file_groups={2 groups"), "{shown}");
+    assert!(close(&read, &rows(&ctx, sql).await?), "{read:?}");
+    let shown = plan(&ctx, one_column).await?;
+    assert!(
+        !shown.contains("ZipColumnsExec") && shown.contains("file_groups={4 groups"),
+        "{shown}"
+    );
+    assert!(close(&read_one, &rows(&ctx, one_column).await?));
     Ok(())
 }
 
