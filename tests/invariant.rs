@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, Float64Array};
-use datafusion::arrow::datatypes::DataType;
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::cast::as_float64_array;
 use datafusion::error::Result;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -324,7 +324,9 @@ async fn a_file_of_one_row_group_is_read_by_every_core() -> Result<()> {
 
 /// More cores than columns: each column's scan is also split into shares
 /// of rows, and the rows (in their order) are those of the file read
-/// whole; one column alone is split into shares of rows only.
+/// whole; one column alone is split into shares of rows only; a column
+/// the table declares of another type than the file's (widened by
+/// DataFusion's scan) is read as the table says.
 #[tokio::test]
 async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
     let dir = tempfile::tempdir()?;
@@ -334,7 +336,8 @@ async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
     // 1000-row pages so the shares start inside pages
     ctx.sql(&format!(
         "COPY (SELECT CAST(value AS DOUBLE) / 70000.0 AS x,
-                      cos(value * 0.11) AS y, value AS i
+                      cos(value * 0.11) AS y, CAST(value AS INT) AS i,
+                      CAST(value * 3 AS VARCHAR) AS t
                FROM generate_series(1, 70000))
          TO '{}' STORED AS PARQUET OPTIONS ('format.max_row_group_size' '1000000',
                                             'format.data_page_row_count_limit' '1000')",
@@ -344,6 +347,15 @@ async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
     .collect()
     .await?;
     ctx.register_parquet("big", file.to_str().unwrap(), ParquetReadOptions::default())
+        .await?;
+    let wide = Schema::new(vec![
+        Field::new("x", DataType::Float64, true),
+        Field::new("y", DataType::Float64, true),
+        Field::new("i", DataType::Int64, true),
+        Field::new("t", DataType::Utf8, true),
+    ]);
+    let options = ParquetReadOptions::default().schema(&wide);
+    ctx.register_parquet("big64", file.to_str().unwrap(), options)
         .await?;
     // every row of the data, in the order the loop's last step read them
     let sql = "WITH RECURSIVE r(step, s) AS (
@@ -358,14 +370,21 @@ async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
            SELECT step + 1, s + sum(y) FROM r CROSS JOIN (SELECT y FROM big)
            WHERE step < 4 GROUP BY step, s)
          SELECT * FROM r ORDER BY step";
+    let strings = "WITH RECURSIVE r(step, s) AS (
+           SELECT 0, 0.0
+           UNION ALL
+           SELECT step + 1, s + sum(x * (length(t) + i)) FILTER (WHERE i % 5 = step)
+           FROM r CROSS JOIN big64 WHERE step < 5 GROUP BY step, s)
+         SELECT * FROM r ORDER BY step";
     set_kept(&ctx, false).await?;
     let read = rows(&ctx, sql).await?;
     let read_one = rows(&ctx, one_column).await?;
+    let read_strings = rows(&ctx, strings).await?;
     set_kept(&ctx, true).await?;
     let shown = plan(&ctx, sql).await?;
     // three columns on four cores: two groups of columns, two shares each
     assert!(shown.contains("ZipColumnsExec: inputs=2"), "{shown}");
-    assert!(shown.contains("file_groups={2 groups"), "{shown}");
+    assert_eq!(shown.matches("file_groups={2 groups").count(), 2, "{shown}");
     assert!(close(&read, &rows(&ctx, sql).await?), "{read:?}");
     let shown = plan(&ctx, one_column).await?;
     assert!(
@@ -373,6 +392,12 @@ async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
         "{shown}"
     );
     assert!(close(&read_one, &rows(&ctx, one_column).await?));
+    let shown = plan(&ctx, strings).await?;
+    assert!(
+        shown.contains("ZipColumnsExec: inputs=2") && shown.contains("file_groups={2 groups"),
+        "{shown}"
+    );
+    assert!(close(&read_strings, &rows(&ctx, strings).await?));
     Ok(())
 }
 
