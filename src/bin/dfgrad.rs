@@ -125,6 +125,8 @@
 // these live in src/bin/dfgrad/.
 #[path = "dfgrad/commands.rs"]
 mod commands;
+#[path = "dfgrad/memory.rs"]
+mod memory;
 #[path = "dfgrad/print.rs"]
 mod print;
 #[path = "dfgrad/progress.rs"]
@@ -421,6 +423,7 @@ fn parse_data_path(value: &str) -> Result<PathBuf, String> {
 }
 
 fn main() -> ExitCode {
+    memory::keep_freed_memory();
     let args = match Args::try_parse() {
         Ok(args) => args,
         // --help and --version
