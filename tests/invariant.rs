@@ -398,6 +398,33 @@ async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
         "{shown}"
     );
     assert!(close(&read_strings, &rows(&ctx, strings).await?));
+    // a filter on the data, pushed into the scans (pruning; with
+    // pushdown_filters also filtering rows in the reader): the same rows
+    let filtered = "WITH RECURSIVE r(step, s) AS (
+           SELECT 0, 0.0
+           UNION ALL
+           SELECT step + 1, s + sum(x * y + i) FILTER (WHERE i % 3 = step)
+           FROM r CROSS JOIN (SELECT * FROM big WHERE y > 0.3 AND i % 11 <> 4)
+           WHERE step < 3 GROUP BY step, s)
+         SELECT * FROM r ORDER BY step";
+    for pushdown in [false, true] {
+        ctx.sql(&format!(
+            "SET datafusion.execution.parquet.pushdown_filters = {pushdown}"
+        ))
+        .await?
+        .collect()
+        .await?;
+        set_kept(&ctx, false).await?;
+        let read = rows(&ctx, filtered).await?;
+        set_kept(&ctx, true).await?;
+        let shown = plan(&ctx, filtered).await?;
+        assert!(
+            shown.contains("ZipColumnsExec") && shown.contains("predicate="),
+            "{shown}"
+        );
+        assert!(close(&read, &rows(&ctx, filtered).await?), "{read:?}");
+        assert!(read.len() == 4 && read[3][1] != 0.0, "{read:?}");
+    }
     Ok(())
 }
 

@@ -17,12 +17,13 @@
 //! repartition above, or kept rows that are spread), and only for a local
 //! file whose footer says it has one row group (read when the plan is
 //! made: a few hundred bytes; a file of several row groups is already
-//! spread by DataFusion), with no filter or limit in the scan.
+//! spread by DataFusion), with no limit and no dynamic filter in the scan.
 
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
+use datafusion::common::tree_node::TreeNode;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::{
@@ -35,6 +36,7 @@ use datafusion::parquet::arrow::arrow_reader::{RowSelection, RowSelector};
 use datafusion::parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use datafusion::physical_expr::projection::ProjectionExprs;
 use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -135,7 +137,8 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
 
 /// The scan `plan`'s configuration, file (whole) and footer, where it scans
 /// one local Parquet file of one row group, with no limit and no filter
-/// in the scan (every scan of it must give the same rows).
+/// in the scan that may change while it runs (every scan of it must give
+/// the same rows: a static predicate prunes and filters each alike).
 fn one_row_group_file(
     plan: &Arc<dyn ExecutionPlan>,
 ) -> Option<(&FileScanConfig, PartitionedFile, ParquetMetaData)> {
@@ -150,7 +153,7 @@ fn one_row_group_file(
     if !one_file
         || !first.extensions.is_empty()
         || config.limit.is_some()
-        || source.filter().is_some()
+        || source.filter().is_some_and(|f| !is_static(&f))
         || config.object_store_url != ObjectStoreUrl::local_filesystem()
     {
         return None;
@@ -162,6 +165,14 @@ fn one_row_group_file(
         .parse_and_finish(&File::open(path).ok()?)
         .ok()?;
     (footer.num_row_groups() == 1).then_some((config, file, footer))
+}
+
+/// Whether `predicate` is the same whenever it is read: no dynamic filter
+/// (a join's keys, filled in as the join runs) in it.
+fn is_static(predicate: &Arc<dyn PhysicalExpr>) -> bool {
+    !predicate
+        .exists(|e| Ok(e.expression_id().is_some()))
+        .expect("the visit does not fail")
 }
 
 /// The scan's columns dealt into `count` groups (of column indices; fewer
