@@ -8,10 +8,11 @@
 //! columns (groups of about equal compressed size, from the footer),
 //! zipped back into whole rows by [`ZipColumnsExec`]; where there are more
 //! cores than columns, each column group is read in contiguous shares of
-//! rows too ([`ParquetRowSelection`]). Each byte of the file is fetched
-//! and decompressed once: shares of rows alone make every core fetch the
-//! whole column chunks (a file without a page index), which measured 35%
-//! more CPU time than one core reading it all.
+//! rows too ([`ParquetRowSelection`]). With at least as many columns as
+//! cores, each byte of the file is fetched and decompressed once: shares
+//! of rows alone make every core fetch the whole column chunks (a file
+//! without a page index), which measured 35% more CPU time than one core
+//! reading it all.
 //!
 //! Only where the rows' partitions do not matter (a round-robin
 //! repartition above, or kept rows that are spread), and only for a local
@@ -103,7 +104,11 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
     let schema = plan.schema();
     // shares of rows only where there are fewer columns than cores
     let count = cores.div_ceil(schema.fields().len().max(1));
-    let groups = column_groups(config, &footer, cores / count);
+    // a Parquet scan always has a projection (all columns by default)
+    let Some(projection) = config.file_source().projection() else {
+        return Ok(None);
+    };
+    let groups = column_groups(projection, &footer, cores / count);
     let files = shares(&file, rows, count);
     if groups.len() < 2 {
         let config = FileScanConfigBuilder::from(config.clone())
@@ -175,11 +180,11 @@ fn is_static(predicate: &Arc<dyn PhysicalExpr>) -> bool {
         .expect("the visit does not fail")
 }
 
-/// The scan's columns dealt into `count` groups (of column indices; fewer
-/// where there are fewer columns), the largest first, each to the group
-/// that reads the fewest compressed bytes so far.
+/// The scan's columns (its `projection`) dealt into `count` groups (of
+/// column indices; fewer where there are fewer columns), the largest
+/// first, each to the group that reads the fewest compressed bytes so far.
 fn column_groups(
-    config: &FileScanConfig,
+    projection: &ProjectionExprs,
     footer: &ParquetMetaData,
     count: usize,
 ) -> Vec<Vec<usize>> {
@@ -191,27 +196,16 @@ fn column_groups(
             .map(|c| c.compressed_size())
             .sum()
     };
-    let mut sizes: Vec<(i64, usize)> = match config.file_source().projection() {
-        Some(projection) => projection
-            .iter()
-            .map(|e| {
-                collect_columns(&e.expr)
-                    .iter()
-                    .map(|c| size(c.name()))
-                    .sum()
-            })
-            .zip(0..)
-            .collect(),
-        None => {
-            let schema = config.file_source().table_schema().table_schema();
-            schema
-                .fields()
+    let mut sizes: Vec<(i64, usize)> = projection
+        .iter()
+        .map(|e| {
+            collect_columns(&e.expr)
                 .iter()
-                .map(|f| size(f.name()))
-                .zip(0..)
-                .collect()
-        }
-    };
+                .map(|c| size(c.name()))
+                .sum()
+        })
+        .zip(0..)
+        .collect();
     sizes.sort_by_key(|&(size, i)| (std::cmp::Reverse(size), i));
     let mut groups = vec![(0, Vec::new()); count.max(1)];
     for (size, i) in sizes {
