@@ -428,5 +428,56 @@ async fn more_cores_than_columns_read_shares_of_rows() -> Result<()> {
     Ok(())
 }
 
+/// Many cores, few columns: every column group is read in eight shares of
+/// rows, and each share's rows meet the same rows of the other group
+/// (DataFusion's scans may hand a file to whichever partition is idle;
+/// the split's scans must not). Exact sums of integers: a row paired with
+/// another row's column changes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shares_of_rows_pair_the_same_rows_in_every_column_group() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ctx = session(dir.path(), 16, None).await?;
+    let file = dir.path().join("pairs.parquet");
+    // two batches per core at 16 cores
+    ctx.sql(&format!(
+        "COPY (SELECT CAST(value AS DOUBLE) AS a, CAST(value % 1009 AS DOUBLE) AS b
+               FROM generate_series(1, 300000))
+         TO '{}' STORED AS PARQUET OPTIONS ('format.max_row_group_size' '1000000')",
+        file.display()
+    ))
+    .await?
+    .collect()
+    .await?;
+    ctx.register_parquet(
+        "pairs",
+        file.to_str().unwrap(),
+        ParquetReadOptions::default(),
+    )
+    .await?;
+    let expected = rows(&ctx, "SELECT sum(a * b) FROM pairs").await?[0][0];
+    let sql = "WITH RECURSIVE r(step, s) AS (
+           SELECT 0, 0.0
+           UNION ALL
+           SELECT step + 1, sum(a * b) FROM r CROSS JOIN pairs WHERE step < 2 GROUP BY step)
+         SELECT s FROM r WHERE step = 2";
+    let shown = plan(&ctx, sql).await?;
+    assert!(
+        shown.contains("ZipColumnsExec: inputs=2") && shown.contains("file_groups={8 groups"),
+        "{shown}"
+    );
+    // each partition of a column group's scan reads its own share
+    assert_eq!(
+        shown
+            .matches("output_partitioning=UnknownPartitioning(8)")
+            .count(),
+        2,
+        "{shown}"
+    );
+    for _ in 0..8 {
+        assert_eq!(rows(&ctx, sql).await?, vec![vec![expected]]);
+    }
+    Ok(())
+}
+
 /// Serializes the tests that count `tick` calls.
 static COUNTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

@@ -41,7 +41,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use super::dealt;
 use zip::ZipColumnsExec;
@@ -128,10 +128,14 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
         else {
             return Ok(None);
         };
+        // partition p reads share p and no other: DataFusion's scans
+        // otherwise hand an unopened share to whichever partition is idle
+        // (work stealing), and the zip would pair rows of other shares
         let config = FileScanConfigBuilder::from(config.clone())
             .with_source(source)
             .with_output_ordering(vec![])
             .with_file_groups(files.clone())
+            .with_output_partitioning(Some(Partitioning::UnknownPartitioning(files.len())))
             .build();
         scans.push(DataSourceExec::from_data_source(config) as Arc<dyn ExecutionPlan>);
     }

@@ -28,8 +28,10 @@ const AHEAD: usize = 2;
 /// in the same order and partitions, and gives some of the columns
 /// (several scans of one file, each decoding other columns on its own
 /// core). Partition `p` pairs the rows of partition `p` of every input by
-/// position; inputs that end at different rows are an internal error,
-/// never a silently shifted row.
+/// position, so each input must give the same rows in partition `p` in
+/// every execution (a file scan whose partitions may take each other's
+/// files does not); inputs that end at different rows are an internal
+/// error, never a silently shifted row.
 pub(crate) struct ZipColumnsExec {
     inputs: Vec<Arc<dyn ExecutionPlan>>,
     /// Where each output column comes from: (input, column of that input).
