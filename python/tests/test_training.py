@@ -3,6 +3,8 @@
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import datafusion_grad as dg
@@ -86,3 +88,25 @@ def test_plotting_example(tmp_path):
     accuracy = float(re.search(r"accuracy=([0-9.]+)", run.stdout).group(1))
     assert accuracy > 0.95, run.stdout
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("partitions", [4, 16])
+def test_loop_over_a_one_row_group_file_on_many_cores(tmp_path, partitions):
+    # pyarrow writes 300,000 rows as one row group; a loop keeps them, read by
+    # one scan per column group in shares of rows, zipped back into rows. Exact
+    # integer sums: a share paired with another share's rows changes them.
+    n = 300_000
+    a = np.arange(1, n + 1, dtype=np.float64)
+    b = np.mod(a, 1009.0)
+    pq.write_table(pa.table({"a": a, "b": b}), tmp_path / "pairs.parquet")
+    ctx = dg.SessionContext()
+    ctx.sql(f"SET datafusion.execution.target_partitions = {partitions}").collect()
+    ctx.register_parquet("pairs", tmp_path / "pairs.parquet")
+    loop = """WITH RECURSIVE r(step, s) AS (
+        SELECT 0, 0.0
+        UNION ALL
+        SELECT step + 1, sum(a * b) FROM r CROSS JOIN pairs WHERE step < 2 GROUP BY step)
+      SELECT s FROM r WHERE step = 2"""
+    expected = float(np.dot(a, b))
+    for _ in range(6):
+        assert ctx.sql(loop).to_pydict()["s"] == [expected]
