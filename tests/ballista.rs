@@ -207,6 +207,16 @@ async fn standalone_cluster_gives_the_local_numbers() -> Result<()> {
     let local = datafusion_grad::session_context();
     register(&local, dir.path()).await?;
     let remote = datafusion_grad::ballista::standalone().await?;
+    // each task reads its own partition's files (no work stealing, which
+    // would let a task read files of partitions run elsewhere)
+    assert!(
+        !remote
+            .state()
+            .config()
+            .options()
+            .execution
+            .enable_file_stream_work_stealing
+    );
     register(&remote, dir.path()).await?;
     check_queries(&local, &remote).await?;
 

@@ -48,13 +48,23 @@ use crate::options::GradOptions;
 /// The configuration of every Ballista session of ours (client, scheduler,
 /// executors): Ballista's settings plus the `datafusion_grad` ones, with the
 /// broadcast aggregation off (Ballista cannot ship `BroadcastAggregateExec`;
-/// its planner does not run our physical rules anyway).
+/// its planner does not run our physical rules anyway), and DataFusion's
+/// file-scan work stealing off, so that each task reads the files the
+/// scheduler planned for its partitions: DataFusion's documentation of
+/// `datafusion.execution.enable_file_stream_work_stealing` asks this of
+/// executors that run partitions as separate tasks, and Ballista 55 leaves
+/// it on.
 pub fn config() -> SessionConfig {
     let options = GradOptions {
         broadcast_aggregate: false,
         ..GradOptions::default()
     };
-    SessionConfig::new_with_ballista().with_option_extension(options)
+    let mut config = SessionConfig::new_with_ballista().with_option_extension(options);
+    config
+        .options_mut()
+        .execution
+        .enable_file_stream_work_stealing = false;
+    config
 }
 
 /// A session state for a scheduler: Ballista's default state for `config`
