@@ -14,6 +14,10 @@
 //! without a page index), which measured 35% more CPU time than one core
 //! reading it all.
 //!
+//! The split scans read the file through [`LocalFileReaders`]: the footer
+//! read when the plan was made, and the column chunks into buffers that
+//! are not zero-filled first.
+//!
 //! Only where the rows' partitions do not matter (a round-robin
 //! repartition above, or kept rows that are spread), and only for a local
 //! file whose footer says it has one row group (read when the plan is
@@ -21,14 +25,14 @@
 //! spread by DataFusion), with no limit and no dynamic filter in the scan.
 
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use datafusion::common::tree_node::TreeNode;
 use datafusion::datasource::listing::PartitionedFile;
 use datafusion::datasource::physical_plan::parquet::ParquetRowSelection;
 use datafusion::datasource::physical_plan::{
-    FileGroup, FileScanConfig, FileScanConfigBuilder, ParquetSource,
+    FileGroup, FileScanConfig, FileScanConfigBuilder, FileSource, ParquetSource,
 };
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
@@ -44,8 +48,10 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::{ExecutionPlan, Partitioning};
 
 use super::dealt;
+use local_reader::LocalFileReaders;
 use zip::ZipColumnsExec;
 
+mod local_reader;
 mod zip;
 
 /// The fewest rows worth splitting: two batches per core.
@@ -92,7 +98,7 @@ pub(crate) fn split_file_scans(
 /// ([`ZipColumnsExec`]); where there are more cores than groups, each group
 /// read in shares of rows too. `None` where it is no such scan.
 fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    let Some((config, file, footer)) = one_row_group_file(plan) else {
+    let Some((config, file, path, footer)) = one_row_group_file(plan) else {
         return Ok(None);
     };
     let Ok(rows) = usize::try_from(footer.file_metadata().num_rows()) else {
@@ -110,8 +116,14 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
     };
     let groups = column_groups(projection, &footer, cores / count);
     let files = shares(&file, rows, count);
+    let readers = Arc::new(LocalFileReaders::new(path, Arc::new(footer)));
+    let Some(source) = config.file_source().downcast_ref::<ParquetSource>() else {
+        return Ok(None);
+    };
+    let source = source.clone().with_parquet_file_reader_factory(readers);
     if groups.len() < 2 {
         let config = FileScanConfigBuilder::from(config.clone())
+            .with_source(Arc::new(source))
             .with_file_groups(files)
             .build();
         return Ok(Some(DataSourceExec::from_data_source(config)));
@@ -122,9 +134,8 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
         for (j, &i) in group.iter().enumerate() {
             columns[i] = (g, j);
         }
-        let Some(source) = config
-            .file_source()
-            .try_pushdown_projection(&ProjectionExprs::from_indices(group, &schema))?
+        let Some(source) =
+            source.try_pushdown_projection(&ProjectionExprs::from_indices(group, &schema))?
         else {
             return Ok(None);
         };
@@ -150,7 +161,7 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
 /// the same rows: a static predicate prunes and filters each alike).
 fn one_row_group_file(
     plan: &Arc<dyn ExecutionPlan>,
-) -> Option<(&FileScanConfig, PartitionedFile, ParquetMetaData)> {
+) -> Option<(&FileScanConfig, PartitionedFile, PathBuf, ParquetMetaData)> {
     let scan = plan.downcast_ref::<DataSourceExec>()?;
     let config = scan.data_source().downcast_ref::<FileScanConfig>()?;
     let source = config.file_source();
@@ -171,9 +182,9 @@ fn one_row_group_file(
     file.range = None;
     let path = Path::new("/").join(file.object_meta.location.as_ref());
     let footer = ParquetMetaDataReader::new()
-        .parse_and_finish(&File::open(path).ok()?)
+        .parse_and_finish(&File::open(&path).ok()?)
         .ok()?;
-    (footer.num_row_groups() == 1).then_some((config, file, footer))
+    (footer.num_row_groups() == 1).then_some((config, file, path, footer))
 }
 
 /// Whether `predicate` is the same whenever it is read: no dynamic filter
