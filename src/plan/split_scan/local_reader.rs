@@ -73,7 +73,7 @@ impl LocalFileReader {
     /// `ranges` of the file, read on a blocking thread (as `object_store`
     /// reads local files), counted as bytes scanned.
     fn read(&self, ranges: Vec<Range<u64>>) -> BoxFuture<'static, ParquetResult<Vec<Bytes>>> {
-        let total: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+        let total: u64 = ranges.iter().map(|r| r.end.saturating_sub(r.start)).sum();
         self.metrics
             .bytes_scanned
             .add(usize::try_from(total).unwrap_or(usize::MAX));
@@ -118,13 +118,22 @@ fn read_ranges(path: &Path, ranges: &[Range<u64>]) -> io::Result<Vec<Bytes>> {
     ranges
         .iter()
         .map(|range| {
-            let length = usize::try_from(range.end - range.start)
+            let Some(bytes) = range.end.checked_sub(range.start) else {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "{}: no bytes {}..{}",
+                        path.display(),
+                        range.start,
+                        range.end
+                    ),
+                ));
+            };
+            let length = usize::try_from(bytes)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
             let mut buffer = Vec::with_capacity(length);
             file.seek(SeekFrom::Start(range.start))?;
-            (&mut file)
-                .take(range.end - range.start)
-                .read_to_end(&mut buffer)?;
+            (&mut file).take(bytes).read_to_end(&mut buffer)?;
             if buffer.len() != length {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
@@ -159,6 +168,9 @@ mod tests {
         assert_eq!(read[3].as_ref(), &content[99_999..]);
         let past = read_ranges(&path, &[0..10, 99_000..100_001]).unwrap_err();
         assert_eq!(past.kind(), io::ErrorKind::UnexpectedEof);
+        #[allow(clippy::reversed_empty_ranges)]
+        let backwards = read_ranges(&path, &[0..10, 20..10]).unwrap_err();
+        assert_eq!(backwards.kind(), io::ErrorKind::InvalidInput);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
