@@ -14,9 +14,9 @@
 //! without a page index), which measured 35% more CPU time than one core
 //! reading it all.
 //!
-//! The split scans read the file through [`LocalFileReaders`]: the footer
-//! read when the plan was made, and the column chunks into buffers that
-//! are not zero-filled first.
+//! The split scans read the file through [`LocalFileReaders`] (unless the
+//! scan has a reader of its own): the footer read when the plan was made,
+//! and the column chunks into buffers that are not zero-filled first.
 //!
 //! Only where the rows' partitions do not matter (a round-robin
 //! repartition above, or kept rows that are spread), and only for a local
@@ -116,11 +116,19 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
     };
     let groups = column_groups(projection, &footer, cores / count);
     let files = shares(&file, rows, count);
-    let readers = Arc::new(LocalFileReaders::new(path, Arc::new(footer)));
     let Some(source) = config.file_source().downcast_ref::<ParquetSource>() else {
         return Ok(None);
     };
-    let source = source.clone().with_parquet_file_reader_factory(readers);
+    // our reader, unless the scan comes with a reader of its own
+    let source = match source.parquet_file_reader_factory() {
+        Some(_) => source.clone(),
+        None => source
+            .clone()
+            .with_parquet_file_reader_factory(Arc::new(LocalFileReaders::new(
+                path,
+                Arc::new(footer),
+            ))),
+    };
     if groups.len() < 2 {
         let config = FileScanConfigBuilder::from(config.clone())
             .with_source(Arc::new(source))
