@@ -118,15 +118,17 @@ fn read_ranges(path: &Path, ranges: &[Range<u64>]) -> io::Result<Vec<Bytes>> {
     ranges
         .iter()
         .map(|range| {
+            let refused = |kind, why| {
+                let (start, end) = (range.start, range.end);
+                io::Error::new(
+                    kind,
+                    format!("{}: bytes {start}..{end} {why}", path.display()),
+                )
+            };
             let Some(bytes) = range.end.checked_sub(range.start) else {
-                return Err(io::Error::new(
+                return Err(refused(
                     io::ErrorKind::InvalidInput,
-                    format!(
-                        "{}: no bytes {}..{}",
-                        path.display(),
-                        range.start,
-                        range.end
-                    ),
+                    "end before they start",
                 ));
             };
             let length = usize::try_from(bytes)
@@ -135,14 +137,9 @@ fn read_ranges(path: &Path, ranges: &[Range<u64>]) -> io::Result<Vec<Bytes>> {
             file.seek(SeekFrom::Start(range.start))?;
             (&mut file).take(bytes).read_to_end(&mut buffer)?;
             if buffer.len() != length {
-                return Err(io::Error::new(
+                return Err(refused(
                     io::ErrorKind::UnexpectedEof,
-                    format!(
-                        "{}: bytes {}..{} are past the end of the file",
-                        path.display(),
-                        range.start,
-                        range.end
-                    ),
+                    "are past the end of the file",
                 ));
             }
             Ok(Bytes::from(buffer))

@@ -98,7 +98,14 @@ pub(crate) fn split_file_scans(
 /// ([`ZipColumnsExec`]); where there are more cores than groups, each group
 /// read in shares of rows too. `None` where it is no such scan.
 fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-    let Some((config, file, path, footer)) = one_row_group_file(plan) else {
+    let Some(OneRowGroupFile {
+        config,
+        source,
+        file,
+        path,
+        footer,
+    }) = one_row_group_file(plan)
+    else {
         return Ok(None);
     };
     let Ok(rows) = usize::try_from(footer.file_metadata().num_rows()) else {
@@ -111,14 +118,11 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
     // shares of rows only where there are fewer columns than cores
     let count = cores.div_ceil(schema.fields().len().max(1));
     // a Parquet scan always has a projection (all columns by default)
-    let Some(projection) = config.file_source().projection() else {
+    let Some(projection) = source.projection() else {
         return Ok(None);
     };
     let groups = column_groups(projection, &footer, cores / count);
     let files = shares(&file, rows, count);
-    let Some(source) = config.file_source().downcast_ref::<ParquetSource>() else {
-        return Ok(None);
-    };
     // our reader, unless the scan comes with a reader of its own
     let source = match source.parquet_file_reader_factory() {
         Some(_) => source.clone(),
@@ -163,17 +167,25 @@ fn split(plan: &Arc<dyn ExecutionPlan>, cores: usize) -> Result<Option<Arc<dyn E
     )?)))
 }
 
-/// The scan `plan`'s configuration, file (whole) and footer, where it scans
-/// one local Parquet file of one row group, with no limit and no filter
-/// in the scan that may change while it runs (every scan of it must give
-/// the same rows: a static predicate prunes and filters each alike).
-fn one_row_group_file(
-    plan: &Arc<dyn ExecutionPlan>,
-) -> Option<(&FileScanConfig, PartitionedFile, PathBuf, ParquetMetaData)> {
+/// A scan of one local Parquet file of one row group.
+struct OneRowGroupFile<'a> {
+    config: &'a FileScanConfig,
+    source: &'a ParquetSource,
+    /// The file, whole.
+    file: PartitionedFile,
+    /// Where it lies.
+    path: PathBuf,
+    footer: ParquetMetaData,
+}
+
+/// The scan `plan`, where it scans one local Parquet file of one row
+/// group, with no limit and no filter in the scan that may change while it
+/// runs (every scan of it must give the same rows: a static predicate
+/// prunes and filters each alike).
+fn one_row_group_file(plan: &Arc<dyn ExecutionPlan>) -> Option<OneRowGroupFile<'_>> {
     let scan = plan.downcast_ref::<DataSourceExec>()?;
     let config = scan.data_source().downcast_ref::<FileScanConfig>()?;
-    let source = config.file_source();
-    source.downcast_ref::<ParquetSource>()?;
+    let source = config.file_source().downcast_ref::<ParquetSource>()?;
     let mut parts = config.file_groups.iter().flat_map(|g| g.files());
     let first = parts.next()?;
     let one_file =
@@ -192,7 +204,13 @@ fn one_row_group_file(
     let footer = ParquetMetaDataReader::new()
         .parse_and_finish(&File::open(&path).ok()?)
         .ok()?;
-    (footer.num_row_groups() == 1).then_some((config, file, path, footer))
+    (footer.num_row_groups() == 1).then_some(OneRowGroupFile {
+        config,
+        source,
+        file,
+        path,
+        footer,
+    })
 }
 
 /// Whether `predicate` is the same whenever it is read: no dynamic filter
