@@ -17,6 +17,13 @@ default) in `--files` Parquet files (8). It is timed
               processes (each `--concurrent-tasks` = cores / 2), all started
               by this script on loopback.
 
+With `--steps N` (N > 1) the query is a training loop of N such steps in
+one recursive query (`WITH RECURSIVE fit(step, w, b) ... WHERE step < N`),
+which the Ballista client drives one distributed query per step, and a
+third engine is timed: `ballista, data read every step` (the same with
+`SET datafusion_grad.cache_loop_invariants = false`, so the executors do not
+keep the decoded data across the steps).
+
 Both read the same files from disk (page cache warm after the warm-up run);
 the time is the `Elapsed` line dfgrad prints (planning, the rewrite on the
 client, execution, results collected), median of `--repeat` runs after one
@@ -81,10 +88,25 @@ def write_data(bin_dir, directory, rows, files):
         )
 
 
-def timed_step(bin_dir, extra, directory):
-    out = dfgrad(bin_dir, [*extra, "--table", f"points={directory}/", "-c", STEP])
+def loop(steps):
+    """`steps` steps of STEP's update in one recursive query, from the same
+    start; its last parameters."""
+    loss = "avg(power(w * x + b - y, 2))"
+    return (
+        "WITH RECURSIVE fit(step, w, b) AS ("
+        "SELECT 0 AS step, CAST(0.5 AS DOUBLE) AS w, CAST(0.1 AS DOUBLE) AS b "
+        "UNION ALL "
+        f"SELECT step + 1, w - 0.5 * grad({loss}, w), b - 0.5 * grad({loss}, b) "
+        f"FROM fit CROSS JOIN points WHERE step < {steps} GROUP BY step, w, b) "
+        f"SELECT w, b FROM fit WHERE step = {steps}"
+    )
+
+
+def timed_step(bin_dir, extra, directory, query=STEP, setting=None):
+    statements = f"SET {setting}; {query}" if setting else query
+    out = dfgrad(bin_dir, [*extra, "--table", f"points={directory}/", "-c", statements])
     # the table's one data row (stdout), "1 row(s) fetched. Elapsed S seconds." (stderr)
-    elapsed = float(re.search(r"Elapsed ([0-9.]+) seconds", out).group(1))
+    elapsed = float(re.findall(r"Elapsed ([0-9.]+) seconds", out)[-1])
     row = [line for line in out.splitlines() if re.match(r"\|\s*-?[0-9]", line)][0]
     values = [float(v) for v in row.strip("|").split("|")]
     return elapsed, values
@@ -141,7 +163,14 @@ def main():
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=1, help="steps of a training loop in one recursive query (1: one step)")
     args = ap.parse_args()
+    query = STEP if args.steps == 1 else loop(args.steps)
+    engines = [("local", [], None), ("ballista", ["--ballista", None], None)]
+    if args.steps > 1:
+        engines.append(
+            ("ballista, data read every step", ["--ballista", None], "datafusion_grad.cache_loop_invariants = false")
+        )
     cores = os.cpu_count() or 2
     with tempfile.TemporaryDirectory() as work:
         data = os.path.join(work, "points")
@@ -152,22 +181,28 @@ def main():
         procs, url = start_cluster(args.bin_dir, work, max(1, cores // 2))
         try:
             results = {}
-            for name, extra in [("local", []), ("ballista", ["--ballista", url])]:
-                timed_step(args.bin_dir, extra, data)  # warm-up
-                runs = [timed_step(args.bin_dir, extra, data) for _ in range(args.repeat)]
+            for name, extra, setting in engines:
+                extra = [url if a is None else a for a in extra]
+                timed_step(args.bin_dir, extra, data, query, setting)  # warm-up
+                runs = [timed_step(args.bin_dir, extra, data, query, setting) for _ in range(args.repeat)]
                 results[name] = (statistics.median(r[0] for r in runs), runs[-1][1])
         finally:
             for p in procs:
                 p.kill()
-    (lt, lv), (bt, bv) = results["local"], results["ballista"]
-    print(f"cores: {cores}; executors: 2 x {max(1, cores // 2)} tasks")
-    print(f"| engine | step (s, median of {args.repeat}) | rows/s |")
+    lt, lv = results["local"]
+    print(f"cores: {cores}; executors: 2 x {max(1, cores // 2)} tasks; steps: {args.steps}")
+    print(f"| engine | query (s, median of {args.repeat}) | rows/s per step |")
     print("|---|---|---|")
     for name, (secs, _) in results.items():
-        print(f"| {name} | {secs:.3f} | {args.rows / secs / 1e6:.1f}M |")
-    print(f"ballista / local: {bt / lt:.2f}x")
-    worst = max(abs(a - b) / max(abs(a), abs(b), 1.0) for a, b in zip(lv, bv))
-    print(f"parameters after the step: local {lv}, ballista {bv} (largest relative difference {worst:.1e})")
+        print(f"| {name} | {secs:.3f} | {args.rows * args.steps / secs / 1e6:.1f}M |")
+    worst = 0.0
+    for name, (secs, values) in results.items():
+        if name == "local":
+            continue
+        print(f"{name} / local: {secs / lt:.2f}x")
+        diff = max(abs(a - b) / max(abs(a), abs(b), 1.0) for a, b in zip(lv, values))
+        print(f"parameters at the end: local {lv}, {name} {values} (largest relative difference {diff:.1e})")
+        worst = max(worst, diff)
     if worst > 1e-9:
         sys.exit("the results differ")
 

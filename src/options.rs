@@ -20,8 +20,10 @@
 //! settings (e.g. `SpillCompression`) beside `ConfigOptions` in
 //! `datafusion_common::config`, which its operators import.
 
-use datafusion::common::config::{ConfigExtension, ConfigField, ConfigOptions, Visit};
-use datafusion::common::extensions_options;
+use datafusion::common::config::{
+    ConfigEntry, ConfigExtension, ConfigField, ConfigOptions, ExtensionOptions, Visit,
+};
+use datafusion::common::config_namespace;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
 
@@ -72,7 +74,7 @@ macro_rules! word_setting {
     };
 }
 
-extensions_options! {
+config_namespace! {
     /// The `datafusion_grad.*` settings.
     pub struct GradOptions {
         /// Where matmul, matmul_tn and matmul_nt run: auto (the GPU for large
@@ -97,6 +99,16 @@ extensions_options! {
         /// iteration of a recursive query) before it fails with a
         /// `cluster_timeout` error; 0: no bound.
         pub ballista_timeout_seconds: u64, default = 600
+        /// The most bytes of loop-invariant data (a training loop's decoded
+        /// data) one Ballista executor keeps across the iterations of
+        /// recursive queries (`KeptOnExecutorsExec`); what does not fit is
+        /// read again in every iteration.
+        pub ballista_kept_bytes: u64, default = 2 * 1024 * 1024 * 1024
+        /// Set by the Ballista client on the queries it runs for the
+        /// iterations of one recursive query (a key of that run), so that
+        /// the executors keep their loop-invariant data; empty otherwise.
+        /// Not a setting for users.
+        pub ballista_loop_run: String, default = String::new()
         /// The most iterations of a recursive query that may produce rows
         /// before it fails with an `iteration_limit` error (a stop
         /// condition never met); 0: no bound.
@@ -128,6 +140,58 @@ impl GradOptions {
 
 impl ConfigExtension for GradOptions {
     const PREFIX: &'static str = "datafusion_grad";
+}
+
+/// DataFusion's `extensions_options!` lists an extension's settings
+/// without its prefix (`tensor_device`), so a Ballista client, which sends
+/// a query's settings as these entries, sent ours under names the
+/// scheduler and executors could not set; listed here by their full names
+/// (`datafusion_grad.tensor_device`), as `SET` takes them.
+impl ExtensionOptions for GradOptions {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        ConfigField::set(self, key, value)
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        struct Entries(Vec<ConfigEntry>);
+        impl Visit for Entries {
+            fn some<V: std::fmt::Display>(
+                &mut self,
+                key: &str,
+                value: V,
+                description: &'static str,
+            ) {
+                self.0.push(ConfigEntry {
+                    key: key.to_string(),
+                    value: Some(value.to_string()),
+                    description,
+                });
+            }
+
+            fn none(&mut self, key: &str, description: &'static str) {
+                self.0.push(ConfigEntry {
+                    key: key.to_string(),
+                    value: None,
+                    description,
+                });
+            }
+        }
+        let mut entries = Entries(Vec::new());
+        ConfigField::visit(self, &mut entries, Self::PREFIX, "");
+        entries.0
+    }
 }
 
 /// Where the matrix products (`matmul`, `matmul_tn`, `matmul_nt`) run: the
@@ -242,9 +306,10 @@ mod tests {
             "a refused value changes nothing"
         );
         let entries = options.entries();
+        // by the name SET takes (what a Ballista client sends)
         let entry = entries
             .iter()
-            .find(|e| e.key.ends_with("tensor_device"))
+            .find(|e| e.key == "datafusion_grad.tensor_device")
             .expect("listed with the other settings");
         assert_eq!(entry.value.as_deref(), Some("auto"));
     }

@@ -15,7 +15,12 @@ use datafusion::arrow::array::{Array, Float64Array, Int64Array};
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::displayable;
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_grad::ballista::keep::KeepOnExecutors;
+use datafusion_grad::ballista::kept::kept_stats;
+use datafusion_grad::options::GradOptions;
 use datafusion_grad::{ErrorKind, GradError};
 
 /// Rows per Parquet file, and files.
@@ -180,6 +185,59 @@ async fn descend(ctx: &SessionContext) -> Result<(f64, f64, usize)> {
     Ok((w, b, 500))
 }
 
+/// A training loop over the partitioned data, eight steps.
+const LOOP: &str = "WITH RECURSIVE fit(step, w) AS ( \
+       SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w \
+       UNION ALL \
+       SELECT step + 1, w - 0.5 * grad(avg(power(w * x - y, 2)), w) \
+       FROM fit CROSS JOIN t WHERE step < 8 GROUP BY step, w) \
+     SELECT step, w FROM fit ORDER BY step";
+
+/// `LOOP` on `remote` gives `local`'s numbers, and how many partitions the
+/// executors of this process served from what they kept.
+async fn kept_loop(local: &SessionContext, remote: &SessionContext) -> Result<u64> {
+    let expected = rows(local, LOOP).await?;
+    let before = kept_stats();
+    let got = rows(remote, LOOP).await?;
+    assert_same(LOOP, &expected, &got);
+    Ok(kept_stats().replays - before.replays)
+}
+
+async fn set(ctx: &SessionContext, setting: &str) -> Result<()> {
+    ctx.sql(&format!("SET {setting}")).await?.collect().await?;
+    Ok(())
+}
+
+/// The executors keep a loop's data (the scan of `t`) across its
+/// iterations, within their bound, and only where asked to.
+async fn check_kept_loops(local: &SessionContext, remote: &SessionContext) -> Result<()> {
+    // at least one partition of the scan replayed in each of the seven
+    // iterations after the first
+    let replays = kept_loop(local, remote).await?;
+    assert!(replays >= 7, "replays: {replays}");
+    for (off, on) in [
+        (
+            "datafusion_grad.cache_loop_invariants = false",
+            "datafusion_grad.cache_loop_invariants = true",
+        ),
+        (
+            "datafusion_grad.ballista_kept_bytes = 0",
+            "datafusion_grad.ballista_kept_bytes = 2147483648",
+        ),
+    ] {
+        set(remote, off).await?;
+        let replays = kept_loop(local, remote).await?;
+        assert_eq!(replays, 0, "{off}");
+        set(remote, on).await?;
+    }
+    // a query outside a recursive query keeps nothing
+    let before = kept_stats();
+    rows(remote, "SELECT sum(x) AS s FROM t").await?;
+    rows(remote, "SELECT sum(x) AS s FROM t").await?;
+    assert_eq!(kept_stats().replays, before.replays);
+    Ok(())
+}
+
 /// Bounds each distributed query of `ctx` to `seconds`.
 async fn set_timeout(ctx: &SessionContext, seconds: u64) -> Result<()> {
     ctx.sql(&format!(
@@ -219,6 +277,7 @@ async fn standalone_cluster_gives_the_local_numbers() -> Result<()> {
     );
     register(&remote, dir.path()).await?;
     check_queries(&local, &remote).await?;
+    check_kept_loops(&local, &remote).await?;
 
     let (lw, lb, ls) = descend(&local).await?;
     let (rw, rb, rs) = descend(&remote).await?;
@@ -445,5 +504,76 @@ async fn scheduler_and_two_executor_processes() -> Result<()> {
         "{:?}",
         started.elapsed()
     );
+    Ok(())
+}
+
+/// The scheduler's rule keeps, in a query of one iteration (the loop run
+/// named), the largest parts that read the data files only: not the work
+/// table's rows (`VALUES`), not what a volatile function reads; and nothing
+/// in a query outside a loop.
+#[tokio::test]
+async fn the_scheduler_keeps_only_the_loop_invariant_file_scans() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_points(dir.path()).await?;
+    let ctx = datafusion_grad::session_context_with_config(datafusion_grad::ballista::config());
+    register(&ctx, dir.path()).await?;
+    // what the rule makes of a step's plan, with the loop run `run` named
+    let keep = |sql: &'static str, run: &'static str| {
+        let ctx = ctx.clone();
+        async move {
+            let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+            let mut options = ctx.state().config().options().as_ref().clone();
+            options
+                .extensions
+                .get_mut::<GradOptions>()
+                .expect("our settings")
+                .ballista_loop_run = run.to_string();
+            let plan = KeepOnExecutors.optimize(plan, &options)?;
+            let text = displayable(plan.as_ref()).indent(true).to_string();
+            Ok::<_, datafusion::error::DataFusionError>(text)
+        }
+    };
+    // the lines under each kept node
+    let kept_parts = |text: &str| -> Vec<String> {
+        let lines: Vec<&str> = text.lines().collect();
+        let depth = |l: &str| l.len() - l.trim_start().len();
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.contains("KeptOnExecutorsExec"))
+            .map(|(i, l)| {
+                lines[i + 1..]
+                    .iter()
+                    .take_while(|m| depth(m) > depth(l))
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .collect()
+    };
+    let step = "SELECT w - 0.5 * grad(avg(power(w * x - y, 2)), w) AS w \
+                FROM (VALUES (CAST(0.5 AS DOUBLE))) AS fit(w) CROSS JOIN t \
+                WHERE x > -2 GROUP BY w";
+    let text = keep(step, "run-1").await?;
+    let parts = kept_parts(&text);
+    assert_eq!(parts.len(), 1, "{text}");
+    assert!(
+        parts[0].contains("file_type=parquet") && !parts[0].contains("partition_sizes"),
+        "{text}"
+    );
+    assert!(text.contains("KeptOnExecutorsExec: run=run-1"), "{text}");
+    // not in a query outside a loop
+    assert!(!keep(step, "").await?.contains("KeptOnExecutorsExec"));
+    // a volatile filter is computed every step, over the kept scan
+    let text = keep(
+        "SELECT w - 0.5 * grad(avg(power(w * x - y, 2)), w) AS w \
+         FROM (VALUES (CAST(0.5 AS DOUBLE))) AS fit(w) CROSS JOIN t \
+         WHERE x > random() - 3 GROUP BY w",
+        "run-1",
+    )
+    .await?;
+    let parts = kept_parts(&text);
+    assert_eq!(parts.len(), 1, "{text}");
+    assert!(!parts[0].contains("random"), "{text}");
     Ok(())
 }

@@ -5,8 +5,10 @@
 //! `SchedulerConfig` / `ExecutorProcessConfig`; [`scheduler_config`] and
 //! [`executor_config`] add what datafusion-grad needs: sessions (scheduler)
 //! and a function registry (executors) with DataFusion's and our functions,
-//! and the `datafusion_grad` settings, so a query's `SET
-//! datafusion_grad.tensor_device` applies on the executors too.
+//! the `datafusion_grad` settings, so a query's `SET
+//! datafusion_grad.tensor_device` applies on the executors too, and our
+//! physical codec ([`super::codec`]), so the operators that keep a loop's
+//! data on the executors travel to them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,12 +19,15 @@ use ballista_scheduler::config::SchedulerConfig;
 use ballista_scheduler::scheduler_process::start_server;
 use datafusion::error::{DataFusionError, Result};
 
+use super::codec::GradPhysicalCodec;
+
 /// `config` with our sessions and settings (a scheduler decodes each query's
 /// plan in a session made by its session builder).
 pub fn scheduler_config(config: SchedulerConfig) -> SchedulerConfig {
     SchedulerConfig {
         override_config_producer: Some(Arc::new(super::config)),
         override_session_builder: Some(Arc::new(super::session_state)),
+        override_physical_codec: Some(Arc::new(GradPhysicalCodec::default())),
         ..config
     }
 }
@@ -33,6 +38,7 @@ pub fn executor_config(config: ExecutorProcessConfig) -> Result<ExecutorProcessC
     Ok(ExecutorProcessConfig {
         override_function_registry: Some(Arc::new(super::function_registry()?)),
         override_config_producer: Some(Arc::new(super::config)),
+        override_physical_codec: Some(Arc::new(GradPhysicalCodec::default())),
         ..config
     })
 }
@@ -65,6 +71,7 @@ pub async fn run_executor(config: ExecutorProcessConfig) -> Result<()> {
         .map_err(ballista_error)
 }
 
-fn ballista_error(e: ballista_core::error::BallistaError) -> DataFusionError {
+/// A Ballista error as DataFusion's.
+pub(super) fn ballista_error(e: ballista_core::error::BallistaError) -> DataFusionError {
     DataFusionError::External(Box::new(e))
 }

@@ -9,12 +9,16 @@
 //! aggregates, `differentiate_sql`), which Ballista sends by name: the
 //! scheduler and every executor must know them, so they run
 //! [`dfgrad-scheduler` / `dfgrad-executor`](cluster), or Ballista's own
-//! processes built with [`session_state`] and [`function_registry`].
+//! processes built with [`session_state`], [`function_registry`] and our
+//! physical codec ([`codec::GradPhysicalCodec`], which ships the operator
+//! that keeps a loop's data on the executors).
 //!
 //! Recursive CTEs: Ballista 55 cannot run them (DataFusion's physical plan
 //! protobuf has no `RecursiveQueryExec`/`WorkTableExec`), so the client drives
 //! their iterations ([`recursion`]): a gradient-descent training loop written
-//! as `WITH RECURSIVE` runs each step as a distributed query.
+//! as `WITH RECURSIVE` runs each step as a distributed query, and the
+//! executors keep the loop's data (a file scan, its filters and projections)
+//! across the steps ([`kept`]).
 //!
 //! ```no_run
 //! # async fn example() -> datafusion::error::Result<()> {
@@ -30,7 +34,10 @@
 //! [Apache Ballista]: https://datafusion.apache.org/ballista/
 
 pub mod cluster;
+pub mod codec;
 pub mod deadline;
+pub mod keep;
+pub mod kept;
 pub mod recursion;
 
 use std::sync::Arc;
@@ -38,7 +45,10 @@ use std::sync::Arc;
 use ballista::prelude::SessionContextExt;
 use ballista_core::extension::SessionConfigExt;
 use ballista_core::registry::BallistaFunctionRegistry;
-use datafusion::error::Result;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use ballista_core::serde::BallistaCodec;
+use ballista_scheduler::scheduler_server::SessionBuilder;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::execution::FunctionRegistry;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -53,13 +63,15 @@ use crate::options::GradOptions;
 /// scheduler planned for its partitions: DataFusion's documentation of
 /// `datafusion.execution.enable_file_stream_work_stealing` asks this of
 /// executors that run partitions as separate tasks, and Ballista 55 leaves
-/// it on.
+/// it on. Plans travel with our physical codec ([`codec::GradPhysicalCodec`]).
 pub fn config() -> SessionConfig {
     let options = GradOptions {
         broadcast_aggregate: false,
         ..GradOptions::default()
     };
-    let mut config = SessionConfig::new_with_ballista().with_option_extension(options);
+    let mut config = SessionConfig::new_with_ballista()
+        .with_option_extension(options)
+        .with_ballista_physical_extension_codec(Arc::new(codec::GradPhysicalCodec::default()));
     config
         .options_mut()
         .execution
@@ -69,12 +81,21 @@ pub fn config() -> SessionConfig {
 
 /// A session state for a scheduler: Ballista's default state for `config`
 /// (its planner settings and optimizer rules) with DataFusion's and our
-/// functions, so plans that use them decode. Use it as a Ballista
-/// `SchedulerConfig::override_session_builder`.
+/// functions, so plans that use them decode, and the rule that keeps
+/// loop-invariant data on the executors ([`keep::KeepOnExecutors`]). Use it
+/// as a Ballista `SchedulerConfig::override_session_builder`.
 pub fn session_state(config: SessionConfig) -> Result<SessionState> {
-    let mut state = ballista_core::utils::default_session_builder(config)?;
+    let mut state = keeping(ballista_core::utils::default_session_builder(config)?);
     add_functions(&crate::session_context().state(), &mut state)?;
     Ok(state)
+}
+
+/// `state` with [`keep::KeepOnExecutors`] as its last physical optimizer
+/// rule.
+fn keeping(state: SessionState) -> SessionState {
+    SessionStateBuilder::new_from_existing(state)
+        .with_physical_optimizer_rule(Arc::new(keep::KeepOnExecutors))
+        .build()
 }
 
 /// Registers every scalar, aggregate and window function of `from` in `to`.
@@ -109,9 +130,52 @@ pub async fn remote(url: &str) -> Result<SessionContext> {
 /// A session of an in-process Ballista cluster (a scheduler and an
 /// executor started in this process, on loopback), with everything of ours
 /// installed — for tests and for trying Ballista out.
+///
+/// Unlike Ballista's `standalone_with_state`, whose scheduler plans every
+/// query in the state it was started with, the scheduler plans each query
+/// with the client's settings of that query (as a remote scheduler does).
 pub async fn standalone() -> Result<SessionContext> {
     let local = crate::session_context_with_config(config());
-    let ctx = SessionContext::standalone_with_state(local.state()).await?;
+    let state = keeping(local.state());
+    let builder: SessionBuilder = {
+        let state = state.clone();
+        Arc::new(move |config: SessionConfig| {
+            Ok(SessionStateBuilder::new_from_existing(state.clone())
+                .with_config(config)
+                .build())
+        })
+    };
+    let codec = BallistaCodec::new(
+        state.config().ballista_logical_extension_codec(),
+        state.config().ballista_physical_extension_codec(),
+    );
+    let address = ballista_scheduler::standalone::new_standalone_scheduler_with_builder(
+        builder,
+        Arc::new(config),
+        codec,
+    )
+    .await
+    .map_err(cluster::ballista_error)?;
+    let url = format!("http://localhost:{}", address.port());
+    // the scheduler answers within 30 s
+    let mut tries = 0;
+    let scheduler = loop {
+        match SchedulerGrpcClient::connect(url.clone()).await {
+            Ok(scheduler) => break scheduler,
+            Err(e) if tries == 300 => {
+                return Err(DataFusionError::External(Box::new(e))
+                    .context(format!("the in-process scheduler at {url}")));
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+        }
+        tries += 1;
+    };
+    let vcores = state.config().ballista_standalone_parallelism();
+    ballista_executor::new_standalone_executor_from_state(scheduler, vcores, &state)
+        .await
+        .map_err(cluster::ballista_error)?;
+    let url = format!("df://localhost:{}", address.port());
+    let ctx = SessionContext::remote_with_state(&url, local.state()).await?;
     client(&local, &ctx)
 }
 

@@ -18,14 +18,20 @@
 //! `AdjointLoop`) replays the iterations of its rows on the client, its
 //! input run on the cluster. The work table travels inside each plan: this suits work
 //! tables of model parameters (a few rows per step), not recursive queries
-//! that produce millions of rows. A recursive query inside a subquery
-//! expression is sent as it is (and refused by Ballista).
+//! that produce millions of rows. The queries of one recursive query's
+//! iterations carry a key of its run (`datafusion_grad.ballista_loop_run`),
+//! under which the executors keep the loop's data across them
+//! ([`super::kept`]). A recursive query inside a subquery expression is
+//! sent as it is (and refused by Ballista).
 //!
 //! Every query the client runs is bounded in time ([`DeadlineExec`]).
 
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode};
@@ -34,6 +40,7 @@ use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{col, lit, Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
@@ -117,10 +124,12 @@ impl ClientRecursion {
         }
         let mut all = work.clone();
         let limit = IterationLimit::from_options(session.config_options());
+        let run = looping(session, &run_key())?;
         let mut iteration = 0;
         while work.iter().any(|b| b.num_rows() > 0) {
             let term = with_work_table(&q.recursive_term, &q.name, &work)?;
-            work = self.run(&term, session).await?;
+            let exec = self.plan(&term, session).await?;
+            work = collect(exec, Arc::clone(&run)).await?;
             if let Some(seen) = seen.as_mut() {
                 work = work
                     .iter()
@@ -185,6 +194,43 @@ impl QueryPlanner for ClientRecursion {
         let plan = self.unroll(logical_plan, session).await?;
         self.plan(&plan, session).await
     }
+}
+
+/// A key for one run of a recursive query, unique across the clients of a
+/// cluster (64 random bits and a count of this process's runs).
+fn run_key() -> String {
+    static RUNS: AtomicU64 = AtomicU64::new(0);
+    let random = RandomState::new().build_hasher().finish();
+    let count = RUNS.fetch_add(1, Ordering::Relaxed);
+    format!("{random:016x}-{count}")
+}
+
+/// The task context of `session` for the queries of the iterations of run
+/// `run`: with `datafusion_grad.ballista_loop_run` set, so that the
+/// executors keep the loop's data ([`super::kept`]), and planned by
+/// Ballista's static planner: its adaptive planner optimizes with a fixed
+/// list of rules of its own, not the session's (so not
+/// [`super::keep::KeepOnExecutors`]).
+fn looping(session: &dyn Session, run: &str) -> Result<Arc<TaskContext>> {
+    let mut config = session.config().clone();
+    let options = config.options_mut();
+    if let Some(grad) = options.extensions.get_mut::<GradOptions>() {
+        if grad.cache_loop_invariants {
+            grad.ballista_loop_run = run.to_string();
+            options.set(BALLISTA_ADAPTIVE_PLANNER_ENABLED, "false")?;
+        }
+    }
+    let task = session.task_ctx();
+    Ok(Arc::new(TaskContext::new(
+        task.task_id(),
+        task.session_id(),
+        config,
+        task.scalar_functions().clone(),
+        task.higher_order_functions().clone(),
+        task.aggregate_functions().clone(),
+        task.window_functions().clone(),
+        task.runtime_env(),
+    )))
 }
 
 /// `term` with every scan of the work table `name` reading `rows`.

@@ -165,7 +165,7 @@ fn child_may_widen(parent: &Arc<dyn ExecutionPlan>, i: usize, may_widen: bool) -
 /// from `plan`: it reads no work table, no volatile function and no
 /// unbounded input, and each dynamic filter it applies (a join's keys
 /// pushed into a scan, changing with the other side) is made within it.
-fn is_invariant(plan: &Arc<dyn ExecutionPlan>) -> bool {
+pub(crate) fn is_invariant(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let mut invariant = true;
     let mut made = HashSet::new();
     let mut applied = HashSet::new();
