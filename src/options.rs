@@ -102,7 +102,7 @@ config_namespace! {
         /// The most bytes of loop-invariant data (a training loop's decoded
         /// data) one Ballista executor keeps across the iterations of
         /// recursive queries (`KeptOnExecutorsExec`); what does not fit is
-        /// read again in every iteration.
+        /// read again in every iteration; 0 keeps nothing.
         pub ballista_kept_bytes: u64, default = 2 * 1024 * 1024 * 1024
         /// Set by the Ballista client on the queries it runs for the
         /// iterations of one recursive query (a key of that run), so that

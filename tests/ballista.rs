@@ -215,13 +215,16 @@ async fn check_kept_loops(local: &SessionContext, remote: &SessionContext) -> Re
     // iterations after the first
     let replays = kept_loop(local, remote).await?;
     assert!(replays >= 7, "replays: {replays}");
-    // off: nothing replayed, the same numbers (a client's `SET
-    // datafusion_grad.ballista_kept_bytes` does not reach the executors'
-    // tasks yet: see the issue notes)
+    // off, or no room on the executors (a client's setting reaches the
+    // executors' tasks): nothing replayed, the same numbers
     set(remote, "datafusion_grad.cache_loop_invariants = false").await?;
     let replays = kept_loop(local, remote).await?;
     assert_eq!(replays, 0, "cache_loop_invariants = false");
     set(remote, "datafusion_grad.cache_loop_invariants = true").await?;
+    set(remote, "datafusion_grad.ballista_kept_bytes = 0").await?;
+    let replays = kept_loop(local, remote).await?;
+    assert_eq!(replays, 0, "ballista_kept_bytes = 0");
+    set(remote, "datafusion_grad.ballista_kept_bytes = 2147483648").await?;
     // a query outside a recursive query keeps nothing
     let before = kept_stats();
     rows(remote, "SELECT sum(x) AS s FROM t").await?;

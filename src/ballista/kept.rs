@@ -48,6 +48,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use crate::options::GradOptions;
+use crate::plan::invariant::replay;
 use crate::plan::only_child;
 
 /// Seconds after which a kept partition nobody read is dropped.
@@ -141,8 +142,7 @@ impl ExecutionPlan for KeptOnExecutorsExec {
         let schema = self.schema();
         let key = self.key(partition);
         if let Some(batches) = STORE.lock().expect("store lock").replay(&key) {
-            let batches = futures::stream::iter(batches.into_iter().map(Ok));
-            return Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)));
+            return Ok(replay(schema, batches));
         }
         let limit = context
             .session_config()
@@ -152,6 +152,9 @@ impl ExecutionPlan for KeptOnExecutorsExec {
             .map_or(GradOptions::default().ballista_kept_bytes, |o| {
                 o.ballista_kept_bytes
             });
+        if limit == 0 {
+            return self.input.execute(partition, context);
+        }
         let keeping = Keeping {
             input: self.input.execute(partition, Arc::clone(&context))?,
             kept: Some(Vec::new()),

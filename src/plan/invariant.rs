@@ -505,7 +505,7 @@ fn arrange(
 }
 
 /// A stream of `batches` with `schema`.
-fn replay(
+pub(crate) fn replay(
     schema: datafusion::arrow::datatypes::SchemaRef,
     batches: Vec<RecordBatch>,
 ) -> SendableRecordBatchStream {
