@@ -122,7 +122,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     *state = SessionStateBuilder::new_from_existing(state.clone())
         .with_optimizer_rules(optimizer_rules)
         .with_physical_optimizer_rule(Arc::new(LoopInvariants))
-        .with_physical_optimizer_rule(Arc::new(BroadcastAggregate))
+        .with_physical_optimizer_rule(Arc::new(BroadcastAggregate::default()))
         .with_physical_optimizer_rule(Arc::new(SerialIterations))
         .with_physical_optimizer_rule(Arc::new(StepProjections))
         .with_query_planner(Arc::new(plan::shared::SharingPlanner))

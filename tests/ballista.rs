@@ -16,12 +16,15 @@ use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::displayable;
+use datafusion::physical_plan::{collect, displayable};
 use datafusion::prelude::{ParquetReadOptions, SessionContext};
+use datafusion_grad::ballista::codec::GradPhysicalCodec;
 use datafusion_grad::ballista::keep::KeepOnExecutors;
 use datafusion_grad::ballista::kept::kept_stats;
 use datafusion_grad::options::GradOptions;
 use datafusion_grad::{ErrorKind, GradError};
+use datafusion_proto::physical_plan::AsExecutionPlan;
+use datafusion_proto::protobuf::PhysicalPlanNode;
 
 /// Rows per Parquet file, and files.
 const ROWS: i64 = 25_000;
@@ -570,5 +573,47 @@ async fn the_scheduler_keeps_only_the_loop_invariant_file_scans() -> Result<()> 
     let parts = kept_parts(&text);
     assert_eq!(parts.len(), 1, "{text}");
     assert!(!parts[0].contains("random"), "{text}");
+    Ok(())
+}
+
+/// A scheduler plans a training step's GROUP BY over the cross join with
+/// the parameters as a broadcast aggregation in each partition (the final
+/// aggregate after the exchange), which travels to the executors through
+/// our codec and computes the same rows there as the hash aggregation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_plans_broadcast_aggregations_that_travel() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_points(dir.path()).await?;
+    let scheduler = SessionContext::new_with_state(datafusion_grad::ballista::session_state(
+        datafusion_grad::ballista::config(),
+    )?);
+    register(&scheduler, dir.path()).await?;
+    let step = "SELECT w, b, w - 0.5 * grad(avg(power(w * x + b - y, 2)), w) AS w1, \
+                b - 0.5 * grad(avg(power(w * x + b - y, 2)), b) AS b1, count(*) AS n \
+                FROM (VALUES (CAST(0.5 AS DOUBLE), CAST(0.1 AS DOUBLE)), \
+                             (CAST(-0.5 AS DOUBLE), CAST(0.1 AS DOUBLE))) AS fit(w, b) \
+                CROSS JOIN t WHERE x > -0.5 GROUP BY w, b ORDER BY w";
+    let plan = scheduler.sql(step).await?.create_physical_plan().await?;
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(text.contains("BroadcastAggregateExec"), "{text}");
+    // each partition's own: the final aggregate stays, after an exchange
+    assert!(text.contains("AggregateExec: mode=Final"), "{text}");
+    assert!(
+        text.contains("RepartitionExec") || text.contains("CoalescePartitionsExec"),
+        "{text}"
+    );
+    let codec = GradPhysicalCodec::default();
+    let travelled = PhysicalPlanNode::try_from_physical_plan(plan, &codec)?
+        .try_into_physical_plan(&scheduler.task_ctx(), &codec)?;
+    let after = displayable(travelled.as_ref()).indent(true).to_string();
+    assert!(after.contains("BroadcastAggregateExec"), "{after}");
+    let batches = collect(travelled, scheduler.task_ctx()).await?;
+    let got = concat_batches(&batches[0].schema(), &batches)?;
+    // the hash aggregation's rows
+    let local = datafusion_grad::session_context();
+    register(&local, dir.path()).await?;
+    set(&local, "datafusion_grad.broadcast_aggregate = false").await?;
+    let expected = rows(&local, step).await?;
+    assert_same(step, &expected, &got);
     Ok(())
 }

@@ -1,26 +1,37 @@
 //! The physical plan codec of our Ballista processes: Ballista's, plus the
 //! operators of ours that travel from the scheduler to the executors
-//! ([`KeptOnExecutorsExec`]).
+//! ([`KeptOnExecutorsExec`], and [`BroadcastAggregateExec`] as the plan it
+//! replaces, rebuilt on arrival).
 
 use std::sync::Arc;
 
 use ballista_core::serde::BallistaPhysicalExtensionCodec;
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::HigherOrderUDF;
 use datafusion::logical_expr::{AggregateUDF, ScalarUDF, WindowUDF};
 use datafusion::physical_expr_common::physical_expr::proto_decode::PhysicalExprDecodeCtx;
 use datafusion::physical_expr_common::physical_expr::proto_encode::PhysicalExprEncodeCtx;
+use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::{ExecutionPlan, PhysicalExpr};
-use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConverterExtension};
+use datafusion_proto::physical_plan::{
+    PhysicalExtensionCodec, PhysicalPlanNodeExt, PhysicalProtoConverterExtension,
+};
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use prost::Message;
 
 use super::kept::KeptOnExecutorsExec;
+use crate::plan::broadcast::BroadcastAggregateExec;
 use crate::plan::only_child;
 
 /// What an encoded [`KeptOnExecutorsExec`] starts with (its run key follows):
 /// a protobuf message (what Ballista's codec writes) never starts with a
 /// zero byte.
 const KEPT: &[u8] = b"\0datafusion_grad.kept:";
+
+/// What an encoded [`BroadcastAggregateExec`] starts with; the plan it
+/// replaces follows, its cross join over placeholders.
+const BROADCAST: &[u8] = b"\0datafusion_grad.broadcast:";
 
 /// Ballista's physical extension codec with our operators added. Set on
 /// the client ([`super::config`]), the scheduler and the executors
@@ -38,18 +49,31 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
         ctx: &TaskContext,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match buf.strip_prefix(KEPT) {
-            Some(run) => {
-                let run = String::from_utf8(run.to_vec()).map_err(|e| {
-                    datafusion::error::DataFusionError::Internal(format!(
-                        "KeptOnExecutorsExec run key: {e}"
-                    ))
-                })?;
-                let input = only_child(inputs.to_vec(), "KeptOnExecutorsExec")?;
-                Ok(Arc::new(KeptOnExecutorsExec::new(input, run)))
-            }
-            None => self.ballista.try_decode(buf, inputs, ctx, proto_converter),
+        if let Some(run) = buf.strip_prefix(KEPT) {
+            let run = String::from_utf8(run.to_vec()).map_err(|e| {
+                DataFusionError::Internal(format!("KeptOnExecutorsExec run key: {e}"))
+            })?;
+            let input = only_child(inputs.to_vec(), "KeptOnExecutorsExec")?;
+            return Ok(Arc::new(KeptOnExecutorsExec::new(input, run)));
         }
+        if let Some(replaced) = buf.strip_prefix(BROADCAST) {
+            let [left, right] = inputs else {
+                return Err(DataFusionError::Internal(format!(
+                    "BroadcastAggregateExec with {} inputs",
+                    inputs.len()
+                )));
+            };
+            let replaced = PhysicalPlanNode::decode(replaced)
+                .map_err(|e| DataFusionError::Internal(format!("BroadcastAggregateExec: {e}")))?
+                .try_into_physical_plan_with_converter(ctx, self, proto_converter)?;
+            let exec = BroadcastAggregateExec::from_replaced(
+                replaced,
+                Arc::clone(left),
+                Arc::clone(right),
+            )?;
+            return Ok(Arc::new(exec));
+        }
+        self.ballista.try_decode(buf, inputs, ctx, proto_converter)
     }
 
     fn try_encode(
@@ -58,14 +82,34 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
         buf: &mut Vec<u8>,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
-        match node.downcast_ref::<KeptOnExecutorsExec>() {
-            Some(kept) => {
-                buf.extend_from_slice(KEPT);
-                buf.extend_from_slice(kept.run().as_bytes());
-                Ok(())
-            }
-            None => self.ballista.try_encode(node, buf, proto_converter),
+        if let Some(kept) = node.downcast_ref::<KeptOnExecutorsExec>() {
+            buf.extend_from_slice(KEPT);
+            buf.extend_from_slice(kept.run().as_bytes());
+            return Ok(());
         }
+        if let Some(broadcast) = node.downcast_ref::<BroadcastAggregateExec>() {
+            let placeholder = |p: &Arc<dyn ExecutionPlan>| {
+                Arc::new(EmptyExec::new(p.schema())) as Arc<dyn ExecutionPlan>
+            };
+            let [left, right] = node.children()[..] else {
+                return Err(DataFusionError::Internal(
+                    "BroadcastAggregateExec without its two inputs".to_string(),
+                ));
+            };
+            let Some(replaced) = broadcast.replaced(placeholder(left), placeholder(right))? else {
+                return Err(DataFusionError::Internal(
+                    "a BroadcastAggregateExec planned locally (merging its partitions) cannot travel"
+                        .to_string(),
+                ));
+            };
+            buf.extend_from_slice(BROADCAST);
+            proto_converter
+                .execution_plan_to_proto(&replaced, self)?
+                .encode(buf)
+                .map_err(|e| DataFusionError::Internal(format!("BroadcastAggregateExec: {e}")))?;
+            return Ok(());
+        }
+        self.ballista.try_encode(node, buf, proto_converter)
     }
 
     fn try_decode_udf(&self, name: &str, buf: &[u8]) -> Result<Arc<ScalarUDF>> {

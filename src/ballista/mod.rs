@@ -54,23 +54,21 @@ use datafusion::execution::FunctionRegistry;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::options::GradOptions;
+use crate::plan::analyzer::{GradAnalyzer, GradBeforeOptimizing};
+use crate::plan::broadcast::BroadcastAggregate;
+use datafusion::optimizer::OptimizerRule;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
 
 /// The configuration of every Ballista session of ours (client, scheduler,
-/// executors): Ballista's settings plus the `datafusion_grad` ones, with the
-/// broadcast aggregation off (Ballista cannot ship `BroadcastAggregateExec`;
-/// its planner does not run our physical rules anyway), and DataFusion's
-/// file-scan work stealing off, so that each task reads the files the
+/// executors): Ballista's settings plus the `datafusion_grad` ones, and
+/// DataFusion's file-scan work stealing off, so that each task reads the files the
 /// scheduler planned for its partitions: DataFusion's documentation of
 /// `datafusion.execution.enable_file_stream_work_stealing` asks this of
 /// executors that run partitions as separate tasks, and Ballista 55 leaves
 /// it on. Plans travel with our physical codec ([`codec::GradPhysicalCodec`]).
 pub fn config() -> SessionConfig {
-    let options = GradOptions {
-        broadcast_aggregate: false,
-        ..GradOptions::default()
-    };
     let mut config = SessionConfig::new_with_ballista()
-        .with_option_extension(options)
+        .with_option_extension(GradOptions::default())
         .with_ballista_physical_extension_codec(Arc::new(codec::GradPhysicalCodec::default()));
     config
         .options_mut()
@@ -81,20 +79,45 @@ pub fn config() -> SessionConfig {
 
 /// A session state for a scheduler: Ballista's default state for `config`
 /// (its planner settings and optimizer rules) with DataFusion's and our
-/// functions, so plans that use them decode, and the rule that keeps
-/// loop-invariant data on the executors ([`keep::KeepOnExecutors`]). Use it
-/// as a Ballista `SchedulerConfig::override_session_builder`.
+/// functions, so plans that use them decode, our analyzer rule, and the
+/// physical rules of [`scheduling`]: the broadcast aggregation in each
+/// partition and the rule that keeps loop-invariant data on the executors
+/// ([`keep::KeepOnExecutors`]). Use it as a Ballista
+/// `SchedulerConfig::override_session_builder`.
 pub fn session_state(config: SessionConfig) -> Result<SessionState> {
-    let mut state = keeping(ballista_core::utils::default_session_builder(config)?);
+    let state = ballista_core::utils::default_session_builder(config)?;
+    // Plans arrive from clients with their markers rewritten; the rewrite
+    // rules are there for SQL planned in this state, where a marker left
+    // to its own simplify would differentiate an aggregate's output column
+    // as a constant (0).
+    let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
+        vec![Arc::new(GradBeforeOptimizing)];
+    optimizer_rules.extend(state.optimizers().iter().cloned());
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_analyzer_rule(Arc::new(GradAnalyzer))
+        .with_optimizer_rules(optimizer_rules)
+        .build();
+    let mut state = scheduling(state);
     add_functions(&crate::session_context().state(), &mut state)?;
     Ok(state)
 }
 
-/// `state` with [`keep::KeepOnExecutors`] as its last physical optimizer
-/// rule.
-fn keeping(state: SessionState) -> SessionState {
+/// `state` with the physical optimizer rules of ours that a scheduler runs
+/// last: the broadcast aggregation as distributed stages need it
+/// ([`BroadcastAggregate::distributed`], in place of the local one), then
+/// [`keep::KeepOnExecutors`].
+fn scheduling(state: SessionState) -> SessionState {
+    let local = BroadcastAggregate::default();
+    let mut rules: Vec<_> = state
+        .physical_optimizers()
+        .iter()
+        .filter(|rule| rule.name() != local.name())
+        .cloned()
+        .collect();
+    rules.push(Arc::new(BroadcastAggregate::distributed()));
+    rules.push(Arc::new(keep::KeepOnExecutors));
     SessionStateBuilder::new_from_existing(state)
-        .with_physical_optimizer_rule(Arc::new(keep::KeepOnExecutors))
+        .with_physical_optimizer_rules(rules)
         .build()
 }
 
@@ -136,7 +159,7 @@ pub async fn remote(url: &str) -> Result<SessionContext> {
 /// with the client's settings of that query (as a remote scheduler does).
 pub async fn standalone() -> Result<SessionContext> {
     let local = crate::session_context_with_config(config());
-    let state = keeping(local.state());
+    let state = scheduling(local.state());
     let builder: SessionBuilder = {
         let state = state.clone();
         Arc::new(move |config: SessionConfig| {

@@ -206,18 +206,19 @@ fn run_key() -> String {
 }
 
 /// The task context of `session` for the queries of the iterations of run
-/// `run`: with `datafusion_grad.ballista_loop_run` set, so that the
-/// executors keep the loop's data ([`super::kept`]), and planned by
-/// Ballista's static planner: its adaptive planner optimizes with a fixed
-/// list of rules of its own, not the session's (so not
-/// [`super::keep::KeepOnExecutors`]).
+/// `run`: planned by Ballista's static planner, whose rules are the
+/// scheduler session's — the broadcast aggregation and
+/// [`super::keep::KeepOnExecutors`] among them — where its adaptive planner
+/// optimizes with a fixed list of rules of its own; and with
+/// `datafusion_grad.ballista_loop_run` set (unless `cache_loop_invariants`
+/// is off), so that the executors keep the loop's data ([`super::kept`]).
 fn looping(session: &dyn Session, run: &str) -> Result<Arc<TaskContext>> {
     let mut config = session.config().clone();
     let options = config.options_mut();
+    options.set(BALLISTA_ADAPTIVE_PLANNER_ENABLED, "false")?;
     if let Some(grad) = options.extensions.get_mut::<GradOptions>() {
         if grad.cache_loop_invariants {
             grad.ballista_loop_run = run.to_string();
-            options.set(BALLISTA_ADAPTIVE_PLANNER_ENABLED, "false")?;
         }
     }
     let task = session.task_ctx();

@@ -50,6 +50,7 @@ use datafusion::physical_plan::aggregates::{
     AggregateExec, AggregateInputMode, AggregateMode, AggregateOutputMode,
 };
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::{batch_filter, FilterExec};
 use datafusion::physical_plan::joins::CrossJoinExec;
 use datafusion::physical_plan::metrics::{
@@ -75,7 +76,22 @@ use crate::options::GradOptions;
 /// (registered by [`crate::register`]; runs after DataFusion's rules; off
 /// with `SET datafusion_grad.broadcast_aggregate = false`).
 #[derive(Debug, Default)]
-pub struct BroadcastAggregate;
+pub struct BroadcastAggregate {
+    /// Planning for a Ballista scheduler (see [`Self::distributed`]).
+    distributed: bool,
+}
+
+impl BroadcastAggregate {
+    /// The rule for a Ballista scheduler, whose stages run each partition
+    /// as a task of its own: every partition aggregates its own rows (the
+    /// final aggregate, after Ballista's exchange, is not merged into the
+    /// operator, which would run all partitions in one task), and only
+    /// where no repartition lies between the aggregate and its cross join
+    /// (an exchange there ends a stage).
+    pub fn distributed() -> Self {
+        Self { distributed: true }
+    }
+}
 
 impl PhysicalOptimizerRule for BroadcastAggregate {
     fn optimize(
@@ -90,15 +106,21 @@ impl PhysicalOptimizerRule for BroadcastAggregate {
         if !enabled {
             return Ok(plan);
         }
+        let spreads = !self.distributed;
         let plan = plan
             .transform_up(|node| {
-                Ok(match BroadcastAggregateExec::try_from_plan(&node)? {
-                    Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
-                    None => Transformed::no(node),
-                })
+                Ok(
+                    match BroadcastAggregateExec::try_from_plan(&node, spreads)? {
+                        Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                        None => Transformed::no(node),
+                    },
+                )
             })
             .data()?;
-        merge_finals(plan, true).data()
+        match self.distributed {
+            true => Ok(plan),
+            false => merge_finals(plan, true).data(),
+        }
     }
 
     fn name(&self) -> &str {
@@ -134,6 +156,25 @@ fn merge_finals(
         plan.downcast_ref::<CoalescePartitionsExec>().is_some() || (may_merge && passes)
     };
     rewrite_down(plan, may_merge, &visit, &pass_on)
+}
+
+/// `plan` with `left` and `right` as the inputs of its first cross join.
+fn at_join(
+    plan: Arc<dyn ExecutionPlan>,
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        Ok(match node.downcast_ref::<CrossJoinExec>() {
+            Some(_) => Transformed::new(
+                replace_children_if_necessary(node, vec![Arc::clone(&left), Arc::clone(&right)])?,
+                true,
+                TreeNodeRecursion::Jump,
+            ),
+            None => Transformed::no(node),
+        })
+    })
+    .data()
 }
 
 /// Aggregates whose ungrouped accumulator has the same intermediate state
@@ -280,8 +321,9 @@ pub struct BroadcastAggregateExec {
 }
 
 impl BroadcastAggregateExec {
-    /// `Some` when `plan` is an aggregate this operator can replace.
-    fn try_from_plan(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Self>> {
+    /// `Some` when `plan` is an aggregate this operator can replace (with
+    /// `spreads`, also over a round-robin repartition of the joined rows).
+    fn try_from_plan(plan: &Arc<dyn ExecutionPlan>, spreads: bool) -> Result<Option<Self>> {
         let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else {
             return Ok(None);
         };
@@ -312,7 +354,7 @@ impl BroadcastAggregateExec {
         let join = loop {
             if let Some(join) = node.downcast_ref::<CrossJoinExec>() {
                 break join;
-            } else if let Some(r) = dealt(node).filter(|_| spread.is_none()) {
+            } else if let Some(r) = dealt(node).filter(|_| spreads && spread.is_none()) {
                 spread = Some(r.partitioning().clone());
                 node = r.input();
             } else if let Some(p) = node.downcast_ref::<ProjectionExec>() {
@@ -444,6 +486,49 @@ impl BroadcastAggregateExec {
             Arc::clone(&partial.right),
             properties,
         )))
+    }
+
+    /// The aggregate this operator replaces, over `left` and `right` at its
+    /// cross join: with [`Self::from_replaced`], how the operator travels to
+    /// Ballista's executors (`crate::ballista::codec`: placeholders here,
+    /// its own inputs travelling as its children). `None` where it merges
+    /// its partitions or spreads its right side itself, which only the
+    /// local planning does.
+    pub fn replaced(
+        &self,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let partitions = self
+            .pass
+            .aggregate
+            .properties()
+            .partitioning
+            .partition_count();
+        let own = partitions == self.properties.partitioning.partition_count()
+            && self.right.downcast_ref::<RepartitionExec>().is_none();
+        match own {
+            true => Ok(Some(at_join(
+                Arc::new(self.pass.aggregate.clone()),
+                left,
+                right,
+            )?)),
+            false => Ok(None),
+        }
+    }
+
+    /// The operator for `replaced` (a plan of [`Self::replaced`]) over
+    /// `left` and `right`.
+    pub fn from_replaced(
+        replaced: Arc<dyn ExecutionPlan>,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        let plan = at_join(replaced, left, right)?;
+        match Self::try_from_plan(&plan, false)? {
+            Some(exec) => Ok(exec),
+            None => internal_err!("not a broadcast aggregation: {}", plan.name()),
+        }
     }
 
     /// Whether this operator merges all right partitions into one output.
