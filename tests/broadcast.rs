@@ -65,6 +65,23 @@ const QUERIES: &[(&str, bool)] = &[
          FROM l CROSS JOIN r GROUP BY k",
         true,
     ),
+    // Constant keys (one parameter row: DataFusion aggregates in sorted
+    // mode), scalar and tensor, also with a filter that drops every row.
+    (
+        "SELECT w, b, sum(x * w + b), avg(y), count(*)
+         FROM (SELECT CAST(0.5 AS DOUBLE) AS w, CAST(-1.0 AS DOUBLE) AS b) p
+         CROSS JOIN r GROUP BY w, b",
+        true,
+    ),
+    (
+        "SELECT v, sum(x), max(y) FROM (SELECT make_array(0.5, 1.5) AS v) p
+         CROSS JOIN r GROUP BY v",
+        true,
+    ),
+    (
+        "SELECT w, sum(x) FROM (SELECT 2.0 AS w) p CROSS JOIN r WHERE x > 1e9 GROUP BY w",
+        true,
+    ),
     // With no column of `r` needed, DataFusion puts the side it estimates
     // smaller on the left, so the key comes from the right: not replaced.
     (

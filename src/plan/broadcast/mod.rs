@@ -328,13 +328,24 @@ impl BroadcastAggregateExec {
             return Ok(None);
         };
         let group_by = aggregate.group_expr();
+        // Keys of one value in each partition (one parameter row): DataFusion
+        // aggregates them as sorted, and one group per partition is ordered
+        // whichever way.
+        let constant = group_by.expr().iter().all(|(e, _)| {
+            aggregate
+                .input()
+                .equivalence_properties()
+                .is_expr_constant(e)
+                .is_some()
+        });
         let plain = group_by.is_single()
             && !group_by.is_empty()
             && aggregate.mode().input_mode() == AggregateInputMode::Raw
             && aggregate.limit_options().is_none()
             && aggregate.dynamic_expressions_produced().is_empty()
-            && *aggregate.input_order_mode() == InputOrderMode::Linear
-            && aggregate.properties().output_ordering().is_none()
+            && (constant
+                || (*aggregate.input_order_mode() == InputOrderMode::Linear
+                    && aggregate.properties().output_ordering().is_none()))
             && aggregate
                 .aggr_expr()
                 .iter()
