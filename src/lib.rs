@@ -68,7 +68,6 @@ use datafusion::execution::context::SessionConfig;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::ScalarUDF;
-use datafusion::optimizer::OptimizerRule;
 use datafusion::prelude::SessionContext;
 
 pub use error::{ErrorKind, GradError};
@@ -108,7 +107,6 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     ));
     tensor::register(ctx);
     options::register(ctx);
-    ctx.add_analyzer_rule(Arc::new(GradAnalyzer));
     ctx.register_relation_planner(Arc::new(table_factor::GradRelation::new(
         ctx.state().catalog_list().clone(),
     )))
@@ -116,17 +114,14 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     ctx.add_optimizer_rule(Arc::new(InlineUpdates));
     let state = ctx.state_ref();
     let mut state = state.write();
-    let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
-        vec![Arc::new(GradBeforeOptimizing)];
-    optimizer_rules.extend(state.optimizer().rules.iter().cloned());
-    *state = SessionStateBuilder::new_from_existing(state.clone())
-        .with_optimizer_rules(optimizer_rules)
-        .with_physical_optimizer_rule(Arc::new(LoopInvariants))
-        .with_physical_optimizer_rule(Arc::new(BroadcastAggregate::default()))
-        .with_physical_optimizer_rule(Arc::new(SerialIterations))
-        .with_physical_optimizer_rule(Arc::new(StepProjections))
-        .with_query_planner(Arc::new(plan::shared::SharingPlanner))
-        .build();
+    *state =
+        SessionStateBuilder::new_from_existing(plan::analyzer::with_rewrite_rules(state.clone()))
+            .with_physical_optimizer_rule(Arc::new(LoopInvariants))
+            .with_physical_optimizer_rule(Arc::new(BroadcastAggregate::default()))
+            .with_physical_optimizer_rule(Arc::new(SerialIterations))
+            .with_physical_optimizer_rule(Arc::new(StepProjections))
+            .with_query_planner(Arc::new(plan::shared::SharingPlanner))
+            .build();
 }
 
 /// A new [`SessionContext`] with everything installed.

@@ -54,9 +54,8 @@ use datafusion::execution::FunctionRegistry;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::options::GradOptions;
-use crate::plan::analyzer::{GradAnalyzer, GradBeforeOptimizing};
+use crate::plan::analyzer::with_rewrite_rules;
 use crate::plan::broadcast::BroadcastAggregate;
-use datafusion::optimizer::OptimizerRule;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 
 /// The configuration of every Ballista session of ours (client, scheduler,
@@ -85,18 +84,11 @@ pub fn config() -> SessionConfig {
 /// ([`keep::KeepOnExecutors`]). Use it as a Ballista
 /// `SchedulerConfig::override_session_builder`.
 pub fn session_state(config: SessionConfig) -> Result<SessionState> {
-    let state = ballista_core::utils::default_session_builder(config)?;
     // Plans arrive from clients with their markers rewritten; the rewrite
     // rules are there for SQL planned in this state, where a marker left
     // to its own simplify would differentiate an aggregate's output column
     // as a constant (0).
-    let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
-        vec![Arc::new(GradBeforeOptimizing)];
-    optimizer_rules.extend(state.optimizers().iter().cloned());
-    let state = SessionStateBuilder::new_from_existing(state)
-        .with_analyzer_rule(Arc::new(GradAnalyzer))
-        .with_optimizer_rules(optimizer_rules)
-        .build();
+    let state = with_rewrite_rules(ballista_core::utils::default_session_builder(config)?);
     let mut state = scheduling(state);
     add_functions(&crate::session_context().state(), &mut state)?;
     Ok(state)

@@ -39,6 +39,7 @@ use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, ScalarValue};
 use datafusion::error::Result;
+use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
@@ -92,6 +93,19 @@ impl AnalyzerRule for GradAnalyzer {
     fn name(&self) -> &str {
         "datafusion_grad"
     }
+}
+
+/// `state` with the rewrite installed: [`GradAnalyzer`] after its analyzer
+/// rules and [`GradBeforeOptimizing`] before its optimizer rules (by
+/// `crate::register`, and in a Ballista scheduler's state).
+pub fn with_rewrite_rules(state: SessionState) -> SessionState {
+    let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
+        vec![Arc::new(GradBeforeOptimizing)];
+    optimizer_rules.extend(state.optimizers().iter().cloned());
+    SessionStateBuilder::new_from_existing(state)
+        .with_analyzer_rule(Arc::new(GradAnalyzer))
+        .with_optimizer_rules(optimizer_rules)
+        .build()
 }
 
 /// The analyzer's rewrite as the first optimizer rule. DataFusion 55's
