@@ -25,8 +25,8 @@
 //! | `__dfgrad_seed`, `__dfgrad_stats` | qualifiers of a group's adjoints and of its statistics while they are joined |
 //! | `__dfgrad_gradient`, `__dfgrad_table{k}` | a gradient table's derivative column, and the table's qualifier where it is joined |
 //! | `__dfgrad_updated` | whether a row of an `UPDATE` overwriting its table was updated ([`crate::plan::overwrite`]) |
-//! | `__dfgrad_duplicate_rows` | the check that a parameter relation's rows are told apart |
-//! | `__dfgrad_value{c}` | a recursive CTE's column `c` passed on under a name of its own to a derivative through its iterations |
+//! | `__dfgrad_duplicate_rows`, `__dfgrad_loss_rows` | the checks that a parameter relation's rows are told apart, and that a loss query returns one row |
+//! | `__dfgrad_value{c}_{cte}` | a recursive CTE's column `c` passed on under a name of its own to a derivative through its iterations |
 //! | `__dfgrad_tangent{j}_{c}` | the tangent of a recursive CTE's column `c` with respect to variable `j`, carried through its iterations ([`crate::plan::analyzer`]) |
 //! | `__dfgrad_r{k}`, `c{i}` | an operator's CTE in exported SQL printed as a chain, and its column `i` (read only qualified, by the chain's own aliases `q`, `l`, `r`) |
 
@@ -161,10 +161,11 @@ pub(crate) fn tangent_column(j: usize, c: usize) -> String {
     format!("__dfgrad_tangent{j}_{c}")
 }
 
-/// A recursive CTE's column `c` passed on to a derivative through its
-/// iterations (`__dfgrad_value{c}`).
-pub(crate) fn carried_value(c: usize) -> String {
-    format!("__dfgrad_value{c}")
+/// Column `c` of the recursive CTE `cte` passed on to a derivative through
+/// its iterations (`__dfgrad_value{c}_{cte}`: chained recursive CTEs pass
+/// theirs on through the same projections).
+pub(crate) fn carried_value(cte: &str, c: usize) -> String {
+    format!("__dfgrad_value{c}_{cte}")
 }
 
 /// The iteration that produced a row of a recursive CTE differentiated in
@@ -239,6 +240,9 @@ pub(crate) const UPDATED: &str = "__dfgrad_updated";
 /// The function that fails on a parameter row its other columns do not
 /// tell apart.
 pub(crate) const DUPLICATE_ROWS: &str = "__dfgrad_duplicate_rows";
+
+/// The function that fails on a loss query of more than one row.
+pub(crate) const LOSS_ROWS: &str = "__dfgrad_loss_rows";
 
 /// The alias given to an input without a qualifier in exported SQL.
 pub(crate) const INPUT_ALIAS: &str = "__dfgrad_input";

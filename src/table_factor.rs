@@ -2,11 +2,12 @@
 //! query with respect to every row of a parameter relation, the form the
 //! relational-AD peers use.
 //!
-//! `loss` names a relation in scope (a CTE, view or table) whose first
-//! column is the loss (summed over its rows); `tbl` is a relation in scope
+//! `loss` names a relation in scope (a CTE, view or table) of one numeric
+//! column and one row, the loss (another shape is refused with a typed
+//! `shape_mismatch` error: no implicit sum); `tbl` is a relation in scope
 //! that the loss reads. The result has `tbl`'s rows and columns, with `col`
 //! replaced by `∂loss/∂col` at that row. It is planned as the scalar form
-//! `SELECT …, grad((SELECT sum(loss) FROM loss), tbl.col) AS col FROM tbl`,
+//! `SELECT …, grad((SELECT loss FROM loss), tbl.col) AS col FROM tbl`,
 //! which relational reverse mode differentiates (see
 //! [`crate::plan::reverse`]), so both forms share one engine.
 //!
@@ -23,7 +24,6 @@ use datafusion::catalog::CatalogProviderList;
 use datafusion::common::{DataFusionError, TableReference};
 use datafusion::datasource::provider_as_source;
 use datafusion::error::Result;
-use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::planner::{
     PlannedRelation, RelationPlanner, RelationPlannerContext, RelationPlanning,
 };
@@ -150,10 +150,7 @@ impl RelationPlanner for GradRelation {
         let loss_plan = self.relation(loss, context)?;
         let table_plan = self.relation(table, context)?;
         let column = context.normalize_ident(column.clone());
-        let value = Expr::Column(loss_plan.schema().columns()[0].clone());
-        let summed = LogicalPlanBuilder::from(loss_plan)
-            .aggregate(Vec::<Expr>::new(), vec![sum(value)])?
-            .build()?;
+        let loss_plan = one_loss_column(loss_plan, loss)?;
         let grad = context
             .context_provider()
             .get_function_meta("grad")
@@ -171,7 +168,7 @@ impl RelationPlanner for GradRelation {
                 true => grad
                     .call(vec![
                         Expr::ScalarSubquery(Subquery {
-                            subquery: Arc::new(summed.clone()),
+                            subquery: Arc::new(loss_plan.clone()),
                             outer_ref_columns: vec![],
                             spans: Default::default(),
                         }),
@@ -199,16 +196,48 @@ impl RelationPlanner for GradRelation {
     }
 }
 
+/// `plan`, the relation `parts` named as a loss, if it has one numeric
+/// column (the loss; its one row is checked when it is computed); a typed
+/// error naming its columns otherwise: which column is the loss, or how
+/// its rows add up, is the user's to write, never an implicit sum.
+fn one_loss_column(plan: LogicalPlan, parts: &[ast::Ident]) -> Result<LogicalPlan> {
+    let fields = plan.schema().fields();
+    if let [field] = fields.as_ref() {
+        if field.data_type().is_numeric() {
+            return Ok(plan);
+        }
+    }
+    let name = object_name(parts);
+    let columns: Vec<String> = fields
+        .iter()
+        .map(|f| format!("`{}` {}", f.name(), f.data_type()))
+        .collect();
+    fail(
+        ErrorKind::ShapeMismatch,
+        format!(
+            "the loss relation `{name}` of grad(…) in FROM has the columns {}; a loss relation \
+             has one numeric column and one row: select the loss alone, e.g. WITH l AS \
+             (SELECT sum(loss) AS loss FROM {name}) … FROM grad(l, tbl.col)",
+            columns.join(", ")
+        ),
+    )
+}
+
+/// The name of the relation `parts`.
+fn object_name(parts: &[ast::Ident]) -> ObjectName {
+    ObjectName(
+        parts
+            .iter()
+            .cloned()
+            .map(ObjectNamePart::Identifier)
+            .collect(),
+    )
+}
+
 /// The table factor naming the relation `parts`.
 fn table_named(parts: &[ast::Ident]) -> TableFactor {
     TableFactor::Table {
-        name: ObjectName(
-            parts
-                .iter()
-                .cloned()
-                .map(ObjectNamePart::Identifier)
-                .collect(),
-        ),
+        name: object_name(parts),
         alias: None,
         args: None,
         with_hints: vec![],
@@ -224,13 +253,7 @@ fn table_named(parts: &[ast::Ident]) -> TableFactor {
 /// `err` (planning the relation `parts`), explained: neither a CTE nor a
 /// relation of the session's catalogs.
 fn unresolved(err: DataFusionError, parts: &[ast::Ident]) -> DataFusionError {
-    let name = ObjectName(
-        parts
-            .iter()
-            .cloned()
-            .map(ObjectNamePart::Identifier)
-            .collect(),
-    );
+    let name = object_name(parts);
     GradError::new(
         ErrorKind::InvalidWrt,
         format!("`{name}` in grad(…) in FROM is neither a CTE of the statement nor a table or view ({err})"),

@@ -170,6 +170,45 @@ fn directory_without_data_or_with_mixed_extensions_is_refused() {
     assert!(err.contains("1 .json, 1 .ndjson"), "{err}");
 }
 
+/// Issue 45: a directory of Hive-style partitions (`k=1/`, `k=2/`) keeps
+/// its partition columns, as `SELECT * FROM 'DIR/'` does; partitions of
+/// different keys are refused; a URL table over a directory mixing data
+/// files of several extensions is refused as `--table` refuses it.
+#[test]
+fn partition_directories_are_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    for (k, x) in [(1, "1.0"), (2, "3.0")] {
+        let partition = dir.path().join(format!("k={k}"));
+        std::fs::create_dir_all(&partition).unwrap();
+        std::fs::write(partition.join("part.csv"), format!("x\n{x}\n")).unwrap();
+    }
+    let table = format!("points={}", path_str(dir.path()));
+    let sql = "SELECT k, x, grad(x * x, x) AS dx FROM points ORDER BY k";
+    let out = dfgrad_ok(&["--table", &table, "--format", "csv", "-c", sql]);
+    assert_eq!(out, "k,x,dx\n1,1.0,2.0\n2,3.0,6.0\n");
+    let url = format!("SELECT k, x FROM '{}/' ORDER BY k", path_str(dir.path()));
+    let out = dfgrad_ok(&["--format", "csv", "-c", &url]);
+    assert_eq!(out, "k,x\n1,1.0\n2,3.0\n");
+
+    let other = dir.path().join("j=3");
+    std::fs::create_dir_all(&other).unwrap();
+    std::fs::write(other.join("part.csv"), "x\n5.0\n").unwrap();
+    let err = run(&["--table", &table, "-c", "SELECT 1"])
+        .fails()
+        .to_string();
+    assert!(
+        err.contains("partition directories of different keys (j, k)"),
+        "{err}"
+    );
+
+    let mixed = tempfile::tempdir().unwrap();
+    std::fs::write(mixed.path().join("a.csv"), "x\n1.0\n").unwrap();
+    std::fs::write(mixed.path().join("b.json"), "{\"x\": 2.0}\n").unwrap();
+    let sql = format!("SELECT count(*) FROM '{}/'", path_str(mixed.path()));
+    let err = run(&["-c", &sql]).fails().to_string();
+    assert!(err.contains("1 .csv, 1 .json"), "{err}");
+}
+
 /// Issue 21 (7): NaN and infinities are not written as `null`, which reads
 /// as SQL NULL, but as the strings the table and CSV formats print.
 #[test]
@@ -192,10 +231,27 @@ fn panic_in_a_reader_is_an_error() {
     let parquet = dir.path().join("b.parquet");
     std::fs::write(&parquet, "PAR1garbagePAR1").unwrap();
     let table = format!("p={}", path_str(&parquet));
+    // `--table` checks the footer before the reader trusts it (issue 45):
+    // no panic at all
     let run = run(&["--table", &table, "-c", "SELECT 1"]);
     let err = run.fails();
     assert!(err.contains("cannot register table 'p'"), "{err}");
-    assert!(err.contains("panic"), "{err}");
+    assert!(
+        err.contains("a corrupt Parquet file: its footer gives 1701273954 bytes of metadata, but the file has 15 bytes"),
+        "{err}"
+    );
+    for (bytes, expected) in [
+        (&b"PAR1"[..], "not a Parquet file (4 bytes"),
+        (b"garbage-garbage-garbage", "not a Parquet file (23 bytes"),
+    ] {
+        std::fs::write(dir.path().join("c.parquet"), bytes).unwrap();
+        let table = format!("c={}", path_str(&dir.path().join("c.parquet")));
+        let err = run(&["--table", &table, "-c", "SELECT 1"])
+            .fails()
+            .to_string();
+        assert!(err.contains(expected), "{err}");
+    }
+    std::fs::remove_file(dir.path().join("c.parquet")).unwrap();
 
     // in a statement read from stdin: the statements before it ran
     let script = format!(
@@ -486,6 +542,32 @@ fn rewrite_exports_values_for_every_dialect() {
     );
 }
 
+/// Issue 45: statements given as separate `-c` arguments rewrite to one
+/// runnable script: each ends with `;`, and the script runs as piped input
+/// (also after a trailing comment).
+#[test]
+fn rewrite_of_several_commands_is_one_script() {
+    let out = dfgrad_ok(&[
+        "--rewrite",
+        "duckdb",
+        "-c",
+        "CREATE TABLE t (x DOUBLE)",
+        "-c",
+        "INSERT INTO t VALUES (3.0)",
+        "-c",
+        "SELECT grad(x * x, x) AS d FROM t -- the derivative",
+        "-c",
+        "SELECT grad(x * x * x, x) AS e FROM t",
+    ]);
+    assert_eq!(out.matches(";\n").count(), 4, "{out}");
+    let ran = piped(&["--format", "csv", "-q"], &out);
+    assert!(
+        ran.ok().ends_with("d\n6.0\ne\n27.0\n"),
+        "{out}\n{}",
+        ran.stdout
+    );
+}
+
 /// Issue 26: what cannot be exported is refused in one readable sentence,
 /// as are the flag's misuses.
 #[test]
@@ -757,17 +839,23 @@ fn rc_files_run_first() {
     let dir = tempfile::tempdir().unwrap();
     let rc = dir.path().join("setup.sql");
     std::fs::write(&rc, "CREATE TABLE t AS VALUES (2.0);\n\\pset format csv\n").unwrap();
-    let out = dfgrad_ok(&[
-        "-r",
-        path_str(&rc),
-        "-c",
-        "SELECT grad(column1 * column1, column1) AS d FROM t",
-    ]);
-    assert_eq!(out, "Output format is csv.\nd\n4.0\n");
+    // stdout holds the data only (issue 45): the setting's confirmation is
+    // a status line on stderr, and none in quiet mode
+    let query = "SELECT grad(column1 * column1, column1) AS d FROM t";
+    let out = run(&["-r", path_str(&rc), "-c", query]);
+    assert_eq!(out.ok(), "d\n4.0\n");
+    assert!(
+        out.stderr.contains("Output format is csv."),
+        "{}",
+        out.stderr
+    );
+    let out = run(&["-q", "-r", path_str(&rc), "-c", query]);
+    assert_eq!(out.ok(), "d\n4.0\n");
+    assert_eq!(out.stderr, "");
 
     std::fs::copy(&rc, dir.path().join(".dfgradrc")).unwrap();
     let out = piped_in(Some(dir.path()), &[], "SELECT column1 AS x FROM t;");
-    assert_eq!(out.ok(), "Output format is csv.\nx\n2.0\n");
+    assert_eq!(out.ok(), "x\n2.0\n");
     let err = piped_in(Some(dir.path()), &["-c", "SELECT column1 FROM t"], "");
     assert!(err.fails().contains("t"), "{}", err.stderr);
 
@@ -812,10 +900,16 @@ fn meta_commands_through_a_pipe() {
         "matmul(",
         "sqrt(",
         "Quiet mode is false.\n",
-        "Output format is json.\n[{\"one\":1}]\n",
+        "[{\"one\":1}]\n",
     ] {
         assert!(out.contains(expected), "{expected:?} not in {out}");
     }
+    assert!(
+        run.stderr.contains("Output format is json.\n"),
+        "{}",
+        run.stderr
+    );
+    assert!(!out.contains("Output format"), "{out}");
     assert!(!out.contains("never"), "{out}");
 
     // each refused meta-command: one error line, and the run stops

@@ -633,7 +633,7 @@ fn local_context(args: &Args) -> Result<SessionContext> {
     }
     let ctx = SessionContext::new_with_config_rt(config, runtime.build_arc()?);
     datafusion_grad::register(&ctx);
-    Ok(ctx.enable_url_table())
+    Ok(tables::with_url_tables(ctx))
 }
 
 /// A Ballista client session with `information_schema` on and `-b`.
@@ -722,13 +722,34 @@ async fn run_async(args: Args) -> Result<()> {
             None => shell.run_lines(io::stdin().lock()).await.map(|_| ()),
         };
     }
-    for sql in &read_sources(&args)? {
+    let sources = read_sources(&args)?;
+    for sql in &sources {
         match args.rewrite {
-            Some(dialect) => println!("{}", rewrite_sql(&shell.ctx, sql, dialect).await?),
+            Some(dialect) => {
+                let text = rewrite_sql(&shell.ctx, sql, dialect).await?;
+                match sources.len() {
+                    1 => println!("{text}"),
+                    _ => println!("{}", terminated(&text)),
+                }
+            }
             None => shell.run_statements(sql).await?,
         }
     }
     Ok(())
+}
+
+/// `sql` ending with `;`, so that the rewrites of several `-c`/`-f` sources
+/// printed one after another are one runnable script (on a line of its own
+/// after a trailing `--` comment).
+fn terminated(sql: &str) -> String {
+    let sql = sql.trim_end();
+    if sql.ends_with(';') {
+        return sql.to_string();
+    }
+    match sql.lines().last().is_some_and(|l| l.contains("--")) {
+        true => format!("{sql}\n;"),
+        false => format!("{sql};"),
+    }
 }
 
 /// The SQL of the `-c` commands, then of the `-f` files, in order.

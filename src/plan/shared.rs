@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, DFSchemaRef, DataFusionError};
 use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
@@ -62,9 +62,12 @@ use super::overwrite::OverwritePlanner;
 use super::reverse::GroupJoinPlanner;
 
 /// `plan`, marked to be computed once however often the query reads it
-/// (see the [module docs](self)).
+/// (see the [module docs](self)). A plan with parameters (`$1`, of a
+/// `PREPARE`d statement) is left as it is, read anew where it is read: the
+/// node hides its subplan from DataFusion, whose `EXECUTE` would not give
+/// them their values there.
 pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
-    if shared_input(&plan).is_some() {
+    if shared_input(&plan).is_some() || has_parameters(&plan) {
         return plan;
     }
     LogicalPlan::Extension(Extension {
@@ -73,6 +76,26 @@ pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
             input: Arc::new(plan),
         }),
     })
+}
+
+/// Whether `plan` (its subqueries and shared subplans too) has a
+/// parameter placeholder (`$1`).
+fn has_parameters(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    let searched = plan.apply_with_subqueries(|node| {
+        found = match shared_input(node) {
+            Some(input) => has_parameters(input),
+            None => node.expressions().iter().any(|e| {
+                e.exists(|e| Ok(matches!(e, Expr::Placeholder(_))))
+                    .unwrap_or(true)
+            }),
+        };
+        Ok(match found {
+            true => TreeNodeRecursion::Stop,
+            false => TreeNodeRecursion::Continue,
+        })
+    });
+    found || searched.is_err()
 }
 
 /// The subplan `plan` holds if it is a [`Shared`] node.

@@ -16,7 +16,7 @@
 //! | `var_samp(g)` / `var_pop(g)` | `2·covar_samp(g, dg)` / `2·covar_pop(g, dg)` |
 //! | `stddev(g)` / `stddev_pop(g)` | `covar_samp(g, dg) / stddev(g)` / `covar_pop(g, dg) / stddev_pop(g)` |
 //! | `covar_samp(a, b)` / `covar_pop(a, b)` | `covar(da, b) + covar(a, db)` (same kind) |
-//! | `max(g)` / `min(g)` | `sum(dg where g = m) / count(g = m)`, `m` the group's max / min |
+//! | `max(g)` / `min(g)` | `sum(dg where g = m) / count(g = m)`, `m` the group's max / min (NaN where it is NaN) |
 //! | `corr(a, b)` | `dc/√(vₐ·v_b) − corr·(dvₐ/vₐ + dv_b/v_b)/2` over the pairs (below) |
 //!
 //! The variance rules use `Σ(g − ḡ) = 0`: `d var_pop = (2/n)·Σ(g − ḡ)·dg =
@@ -35,7 +35,9 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::error::Result;
+use datafusion::functions::math::expr_fn::isnan;
 use datafusion::functions_aggregate::average::avg_udaf;
 use datafusion::functions_aggregate::correlation::corr_udaf;
 use datafusion::functions_aggregate::covariance::{covar_pop_udaf, covar_samp_udaf};
@@ -44,7 +46,7 @@ use datafusion::functions_aggregate::stddev::{stddev_pop_udaf, stddev_udaf};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction, WindowFunctionParams};
 use datafusion::logical_expr::{
-    when, AggregateUDF, Expr, ExprFunctionExt, WindowFunctionDefinition,
+    cast, when, AggregateUDF, Expr, ExprFunctionExt, WindowFunctionDefinition,
 };
 
 use super::num;
@@ -203,11 +205,16 @@ fn tensor_aggregate(name: &str) -> Arc<AggregateUDF> {
 }
 
 /// `max(g)` / `min(g)`: the derivative at the rows that attain it, split
-/// evenly among ties (as JAX does): `sum(dg where g = m) / count(g = m)`,
-/// with `m` the group's extreme seen by each row.
+/// evenly among exact ties (as JAX does): `sum(dg where g = m) / count(g =
+/// m)`, with `m` the group's extreme seen by each row. A NaN extreme
+/// (DataFusion orders NaN above every number) has no derivative: NaN, as
+/// JAX gives.
 fn extreme(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Result<Expr> {
-    let at = c.arg(0).eq(c.over_group(kind, vec![c.arg(0)])?);
-    Ok(
+    let at = c
+        .arg(0)
+        .eq(c.over_group(Arc::clone(&kind), vec![c.arg(0)])?);
+    let value = cast(c.aggregate(kind, vec![c.arg(0)]), DataType::Float64);
+    when(isnan(value), num(f64::NAN)).otherwise(
         c.aggregate(sum_udaf(), vec![when(at.clone(), c.derivative(0)).end()?])
             / c.aggregate(sum_udaf(), vec![when(at, num(1.0)).end()?]),
     )

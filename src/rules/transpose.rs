@@ -15,7 +15,7 @@
 //! | `sum(g)` | `1` |
 //! | `avg(g)` | `1 / count(g)` |
 //! | `count(…)` | none (piecewise constant) |
-//! | `max(g)` / `min(g)` | `[g = m] / count(g = m)`, `m` the group's max / min: ties split evenly, as JAX does (values within a relative 1e-9 count as ties, see [`near`]) |
+//! | `max(g)` / `min(g)` | `[g = m] / count(g = m)`, `m` the group's max / min: exact ties split evenly, as JAX does; NaN where `m` is NaN |
 //! | `var_pop(g)` / `var(g)` | `2·(g − ḡ) / n` / `2·(g − ḡ) / (n − 1)` |
 //! | `stddev_pop(g)` / `stddev(g)` | `(g − ḡ) / (n·σ)` / `(g − ḡ) / ((n − 1)·s)` |
 //!
@@ -42,7 +42,9 @@ use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{when, AggregateUDF, Expr};
 
-use datafusion::functions::math::expr_fn::abs;
+use datafusion::arrow::datatypes::DataType;
+use datafusion::functions::math::expr_fn::isnan;
+use datafusion::logical_expr::cast;
 
 use super::num;
 use crate::reserved::Placeholder;
@@ -136,27 +138,24 @@ pub const TRANSPOSE_RULES: &[(&str, TransposeRule)] = &[
 /// `count(g)` over the group, as a Float64.
 fn count(c: &mut TransposeCall) -> Expr {
     let n = c.group(count_udaf(), vec![c.arg(0)]);
-    datafusion::logical_expr::cast(n, datafusion::arrow::datatypes::DataType::Float64)
+    cast(n, DataType::Float64)
 }
 
-/// `max(g)` / `min(g)`: `[g = m] / count(g = m)`.
+/// `max(g)` / `min(g)`: `[g = m] / count(g = m)`, NaN where `m` is NaN.
+///
+/// Only exact ties split: the statistic `m` is the group's extreme of the
+/// same row values the backward pass compares it with (a maximum is one of
+/// its arguments, whatever order the rows come in), so the row that
+/// attains it compares equal, ±inf included. A NaN maximum (DataFusion
+/// orders NaN above every number) has no derivative: NaN, as JAX gives.
 fn extreme(c: &mut TransposeCall, kind: Arc<AggregateUDF>) -> Result<Vec<Option<Expr>>> {
     let m = c.group(kind, vec![c.arg(0)]);
-    let at = near(c.arg(0), m);
+    let at = c.arg(0).eq(m.clone());
     let ties = c.group(sum_udaf(), vec![when(at.clone(), num(1.0)).end()?]);
-    let partial = when(at, num(1.0) / ties).otherwise(num(0.0))?;
+    let partial = when(isnan(cast(m, DataType::Float64)), num(f64::NAN))
+        .when(at, num(1.0) / ties)
+        .otherwise(num(0.0))?;
     Ok(vec![Some(c.filtered(partial)?)])
-}
-
-/// `a = b`, or within a relative 1e-9: the backward pass recomputes the
-/// values it compares (a sum over partitions may come out in another
-/// order, different in the last bits), so exact equality could miss the
-/// row that attains a maximum. Values that close count as ties.
-pub fn near(a: Expr, b: Expr) -> Expr {
-    let scale = abs(a.clone()) + abs(b.clone());
-    a.clone()
-        .eq(b.clone())
-        .or(abs(a - b).lt_eq(num(1e-9) * scale + num(1e-300)))
 }
 
 /// The variance family: `scale·(g − ḡ) / ((n − ddof)·s)`, `s` 1 for a variance.

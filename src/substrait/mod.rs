@@ -345,6 +345,14 @@ fn unexportable_node(node: &LogicalPlan) -> Option<String> {
         LogicalPlan::Copy(_) => "COPY".to_string(),
         LogicalPlan::DescribeTable(_) => "DESCRIBE".to_string(),
         LogicalPlan::Unnest(_) => "UNNEST".to_string(),
+        // datafusion-grad's own operators (a gradient table's group join
+        // of relational reverse mode, loops, shared subplans): no Substrait
+        // relation carries them.
+        LogicalPlan::Extension(e) => format!(
+            "datafusion-grad's plan node `{}` (a gradient with respect to a table's rows, a \
+             loop or a shared subplan)",
+            e.node.name()
+        ),
         _ => return None,
     })
 }

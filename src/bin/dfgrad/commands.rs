@@ -125,13 +125,20 @@ pub(crate) async fn run(shell: &mut Shell, meta: Meta) -> Result<MetaOutcome> {
         }
         Meta::DescribeFunction(name) => println!("{}", describe_function(shell, &name)?),
         Meta::Quiet(None) => println!("Quiet mode is {}.", shell.printer.quiet),
+        // A setting's confirmation is a status line, as the row counts
+        // are: on stderr (stdout holds only the data, also of an rc file's
+        // settings ahead of it), and not at all in quiet mode.
         Meta::Quiet(Some(quiet)) => {
             shell.printer.quiet = quiet;
-            println!("Quiet mode is {quiet}.");
+            if !quiet {
+                eprintln!("Quiet mode is {quiet}.");
+            }
         }
         Meta::SetFormat(format) => {
             shell.printer.format = format;
-            println!("Output format is {}.", format.name());
+            if !shell.printer.quiet {
+                eprintln!("Output format is {}.", format.name());
+            }
         }
     }
     Ok(MetaOutcome::Done)

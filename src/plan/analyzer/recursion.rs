@@ -32,7 +32,7 @@
 //! window or set operation (put the marker inside the aggregate:
 //! `avg(grad(loss, lr))`, or group by the variable). Projections between
 //! the CTE and the marker also pass its float values on
-//! (`__dfgrad_value{c}`), so a derived column of them is differentiated
+//! (`__dfgrad_value{c}_{cte}`), so a derived column of them is differentiated
 //! through them.
 //!
 //! Where a variable is a tensor (with
@@ -646,7 +646,7 @@ pub(super) fn carry(
                 // The CTE's float (and float tensor) values too, under names
                 // of their own: a derived column of them above is then
                 // differentiated through them.
-                if let LogicalPlan::RecursiveQuery(_) = replacement {
+                if let LogicalPlan::RecursiveQuery(cte) = replacement {
                     let originals = replacement.schema().fields().len() - names.len();
                     for i in 0..input.schema().fields().len() {
                         let (origin, c) = origin_of(&input, i)?;
@@ -658,7 +658,12 @@ pub(super) fn carry(
                             && origin == replacement
                         {
                             let column = Column::from(input.schema().qualified_field(i));
-                            exprs.push(Expr::Column(column).alias(carried_value(c)));
+                            let name = carried_value(&cte.name, c);
+                            // Carried already (the same CTE's column is
+                            // the same value): once.
+                            if !exprs.iter().any(|e| e.schema_name().to_string() == name) {
+                                exprs.push(Expr::Column(column).alias(name));
+                            }
                         }
                     }
                 }

@@ -7,8 +7,9 @@
 //! row's value: relational reverse mode ([`crate::plan::reverse`]). The
 //! rewrite computes the loss's gradient table once, joins it to the node's
 //! input by the variable's row identity (the other columns of its
-//! relation), joins the loss's value as a column `__dfgrad_loss{k}` (the
-//! sum of the loss column over its rows, as the gradient is of), and the marker
+//! relation), joins the loss's value as a column `__dfgrad_loss{k}` (its
+//! one row's; a loss query of several rows fails when it is computed, as
+//! the scalar subquery would), and the marker
 //! becomes `jvp(f, loss, gradient, x, 1)`: the chain rule through the loss,
 //! plus `f`'s own dependence on the row's `x`.
 //!
@@ -26,18 +27,18 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, Column, NullEquality};
 use datafusion::error::Result;
-use datafusion::functions_aggregate::expr_fn::sum;
+use datafusion::functions_aggregate::expr_fn::{count, sum};
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Expr, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder, Projection,
-    Subquery, SubqueryAlias,
+    lit, Expr, ExprSchemable, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder,
+    Projection, Subquery, SubqueryAlias,
 };
 
 use super::chain_total;
 use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
-use crate::plan::reverse::{gradient_table, reads, share_aggregates, GroupJoin, Parameter};
+use crate::plan::reverse::{gradient_table, reads, shared_loss, GroupJoin, Parameter, RowCheck};
 use crate::plan::{columns, left_join_by_identity};
 use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
 use crate::tensor::Shape;
@@ -109,13 +110,18 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
         plan = left_join_by_identity(plan, LogicalPlan::SubqueryAlias(table), on)?;
     }
     // Each loss joined as a one-row relation (a scalar subquery expression
-    // cannot run everywhere a marker can, e.g. in UPDATE): the sum of its
-    // column over its rows, as its gradient table differentiates.
+    // cannot run everywhere a marker can, e.g. in UPDATE): its one row's
+    // value, or the typed error of a loss query with several rows.
     for (k, s) in found.losses.into_iter().enumerate() {
         let name = Placeholder::Loss.name(k);
+        let field = s.subquery.schema().field(0);
         let value = Expr::Column(s.subquery.schema().columns()[0].clone());
-        let loss = LogicalPlanBuilder::from(share_aggregates(&s.subquery)?)
-            .aggregate(Vec::<Expr>::new(), vec![sum(value).alias(&name)])?
+        // Its one row's value (NULL for none, as the scalar subquery's).
+        let one = sum(value);
+        let one_type = one.get_type(s.subquery.schema())?;
+        let value = RowCheck::loss(field.name()).guard(count(lit(1)), one, &one_type)?;
+        let loss = LogicalPlanBuilder::from(shared_loss(&s.subquery)?)
+            .aggregate(Vec::<Expr>::new(), vec![value.alias(&name)])?
             .build()?;
         plan = LogicalPlan::Join(Join::try_new(
             Arc::new(plan),

@@ -34,9 +34,8 @@ use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::{
-    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Filter, Join, JoinConstraint,
-    JoinType, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, Window,
-    WindowFunctionDefinition,
+    cast, lit, Aggregate, Expr, ExprFunctionExt, Filter, Join, JoinConstraint, JoinType,
+    LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, Window, WindowFunctionDefinition,
 };
 
 use super::block::{Alternative, Blocks, LeafKind};
@@ -45,7 +44,7 @@ use crate::error::{fail, GradError};
 use crate::plan::shared::{share, unshared};
 use crate::plan::{columns, unalias};
 use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
-use crate::rules::transpose::{near, transpose_rule, TransposeCall};
+use crate::rules::transpose::{transpose_rule, TransposeCall};
 use crate::rules::Rules;
 
 /// The adjoints a pass over a plan starts from.
@@ -162,10 +161,7 @@ impl<'a> Backward<'a> {
             let pairs = keys
                 .iter()
                 .enumerate()
-                .map(|(j, k)| {
-                    let float = k.get_type(schema)?.is_floating();
-                    Ok((Placeholder::Key.column(j), over_rows(k)?, float))
-                })
+                .map(|(j, k)| Ok((Placeholder::Key.column(j), over_rows(k)?)))
                 .collect::<Result<Vec<_>>>()?;
             // The adjoints (one per group) on the build side, the rows
             // (as many as the group's inputs) probing them.
@@ -514,16 +510,12 @@ fn with_stats(
     let qualified = |q: &str, name: String| Expr::Column(Column::new(Some(q), name));
     let pairs = (0..nkeys)
         .map(|j| {
-            let float = unalias(&a.group_expr[j])
-                .get_type(a.input.schema())?
-                .is_floating();
-            Ok((
+            (
                 qualified(SEED, Placeholder::Key.name(j)),
                 qualified(STATS, Placeholder::Key.name(j)),
-                float,
-            ))
+            )
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect();
     let joined = key_join(seed, stats_rel, pairs, JoinType::Left)?;
     let mut exprs: Vec<Expr> = (0..nkeys)
         .map(|j| qualified(SEED, Placeholder::Key.name(j)).alias(Placeholder::Key.name(j)))
@@ -541,35 +533,22 @@ fn with_stats(
     )?))
 }
 
-/// `left` joined to `right` by keys `(l, r, float)`: NULL equal to NULL;
-/// exact keys by equality, floating-point ones within a relative 1e-9
-/// ([`near`]): both sides are recomputed, and a sum over partitions may
-/// come out in another order, different in the last bits.
+/// `left` joined to `right` by the key pairs `(l, r)`: exact equality,
+/// NULL equal to NULL, as GROUP BY groups them. Both sides compute a key
+/// from the same row values (the aggregates below are shared, computed
+/// once), so a group's rows find exactly their group: two distinct keys,
+/// however close, or infinite, are two groups.
 fn key_join(
     left: LogicalPlan,
     right: LogicalPlan,
-    pairs: Vec<(Expr, Expr, bool)>,
+    on: Vec<(Expr, Expr)>,
     join_type: JoinType,
 ) -> Result<LogicalPlan> {
-    let mut on = Vec::new();
-    let mut filter: Option<Expr> = None;
-    for (l, r, float) in pairs {
-        if !float {
-            on.push((l, r));
-            continue;
-        }
-        let both_null = l.clone().is_null().and(r.clone().is_null());
-        let matches = both_null.or(near(l, r));
-        filter = Some(match filter {
-            Some(f) => f.and(matches),
-            None => matches,
-        });
-    }
     Ok(LogicalPlan::Join(Join::try_new(
         Arc::new(left),
         Arc::new(right),
         on,
-        filter,
+        None,
         join_type,
         JoinConstraint::On,
         NullEquality::NullEqualsNull,

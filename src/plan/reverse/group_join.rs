@@ -39,7 +39,7 @@ use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
-    cast, lit, when, Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder, ScalarUDF,
+    cast, lit, Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder,
     UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
 use datafusion::physical_expr::PhysicalExpr;
@@ -53,7 +53,7 @@ use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 use futures::{StreamExt, TryStreamExt};
 
 use super::backward::{aggregate, rename, sum};
-use super::duplicates::DuplicateRows;
+use super::row_check::RowCheck;
 use super::row_index::RowIndex;
 use crate::plan::{columns, left_join_by_identity, one_final_partition};
 use crate::reserved::{Placeholder, GRADIENT};
@@ -199,12 +199,14 @@ impl GroupJoin {
             ],
         )?;
         let summed = rename(&summed, nkeys, &[GRADIENT, &count])?;
-        let check = ScalarUDF::new_from_impl(self.check());
-        let n = Placeholder::Stat.column(0);
         let mut exprs = key_columns;
         exprs.push(
-            when(n.clone().gt(lit(1i64)), check.call(vec![n]))
-                .otherwise(Expr::Column(Column::new_unqualified(GRADIENT)))?
+            self.check()
+                .guard(
+                    Placeholder::Stat.column(0),
+                    Expr::Column(Column::new_unqualified(GRADIENT)),
+                    &DataType::Float64,
+                )?
                 .alias(GRADIENT),
         );
         let table = LogicalPlanBuilder::from(summed).project(exprs)?;
@@ -233,8 +235,8 @@ impl GroupJoin {
     }
 
     /// The check that fails on a repeated identity.
-    fn check(&self) -> DuplicateRows {
-        DuplicateRows::new(&self.names.0, &self.names.1)
+    fn check(&self) -> RowCheck {
+        RowCheck::identity(&self.names.0, &self.names.1)
     }
 }
 
@@ -354,7 +356,7 @@ impl ExtensionPlanner for GroupJoinPlanner {
 pub struct GroupJoinExec {
     rows: Arc<dyn ExecutionPlan>,
     contributions: Arc<dyn ExecutionPlan>,
-    check: Arc<DuplicateRows>,
+    check: Arc<RowCheck>,
     /// The columns of `rows` that are the identity.
     identity: Vec<usize>,
     schema: SchemaRef,

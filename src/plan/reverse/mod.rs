@@ -1,8 +1,9 @@
 //! Relational reverse mode: the gradient of a loss query with respect to
 //! every row of a parameter relation.
 //!
-//! The loss is a scalar computed by a query (here: the first column of its
-//! plan, summed over its rows). The variable is a column of a relation (a
+//! The loss is a scalar computed by a query: the first column of its one
+//! row (a loss query of several rows fails when it is computed, as a
+//! scalar subquery does; never an implicit sum). The variable is a column of a relation (a
 //! table, CTE or view: the *parameter relation*) that the loss reads, maybe
 //! several times and through any plan. The derivative with respect to one
 //! row's value is the total derivative of the loss with respect to that
@@ -36,24 +37,36 @@
 
 mod backward;
 mod block;
-mod duplicates;
 mod group_join;
+mod row_check;
 mod row_index;
+
+use std::sync::Arc;
 
 use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::optimizer::decorrelate_predicate_subquery::DecorrelatePredicateSubquery;
+use datafusion::optimizer::scalar_subquery_to_join::ScalarSubqueryToJoin;
+use datafusion::optimizer::{Optimizer, OptimizerContext, OptimizerRule};
 
 use backward::{Backward, Seed};
-pub(crate) use duplicates::plain_check;
-#[cfg(feature = "ballista")]
-pub(crate) use duplicates::plain_checks;
 #[cfg(feature = "ballista")]
 pub(crate) use group_join::plain_group_joins;
 pub(crate) use group_join::{as_group_join, GroupJoin, GroupJoinPlanner};
+pub(crate) use row_check::plain_check;
+#[cfg(feature = "ballista")]
+pub(crate) use row_check::plain_checks;
+
+pub(crate) use row_check::RowCheck;
+
+use datafusion::arrow::datatypes::DataType;
+use datafusion::functions_aggregate::expr_fn::count;
+use datafusion::logical_expr::{lit, LogicalPlanBuilder};
 
 use crate::error::{fail, ErrorKind};
 use crate::plan::shared::share;
+use crate::reserved::Placeholder;
 use crate::rules::{num, Rules};
 
 /// A column of a parameter relation, differentiated with respect to at
@@ -70,8 +83,9 @@ pub(crate) struct Parameter<'a> {
     pub names: (&'a str, &'a [String]),
 }
 
-/// The gradient table of the loss `loss` (its first column, summed over
-/// its rows) with respect to `parameter`: columns `__dfgrad_key{j}` (the
+/// The gradient table of the loss `loss` (its first column; a typed
+/// `shape_mismatch` error when it is computed if `loss` has several rows)
+/// with respect to `parameter`: columns `__dfgrad_key{j}` (the
 /// identity columns, in order) and `__dfgrad_gradient`, one row per
 /// parameter row; see the [module docs](self).
 pub(crate) fn gradient_table(
@@ -91,10 +105,7 @@ pub(crate) fn gradient_table(
             ),
         );
     }
-    let (loss, relation) = (
-        &share_aggregates(loss)?,
-        &share_aggregates(parameter.relation)?,
-    );
+    let (loss, relation) = (&shared_loss(loss)?, &share_aggregates(parameter.relation)?);
     let parameter = Parameter {
         relation,
         ..parameter
@@ -105,9 +116,27 @@ pub(crate) fn gradient_table(
         parameter.identity,
         rules,
     );
+    // The loss's adjoint, 1, in a one-row relation that counts the loss's
+    // rows and fails on more than one: every contribution reads it, so no
+    // gradient of several rows' sum comes out.
+    let rows = count(lit(1)).alias(Placeholder::Stat.name(0));
+    let counted = LogicalPlanBuilder::from(loss.clone())
+        .aggregate(Vec::<Expr>::new(), vec![rows])?
+        .build()?;
+    let adjoint = RowCheck::loss(value.name()).guard(
+        Placeholder::Stat.column(0),
+        num(1.0),
+        &DataType::Float64,
+    )?;
+    let relation = LogicalPlanBuilder::from(counted)
+        .project(vec![adjoint.alias(Placeholder::Adjoint.name(0))])?
+        .build()?;
     let seed = Seed {
-        relation: None,
-        terms: vec![(Expr::Column(loss.schema().columns()[0].clone()), num(1.0))],
+        relation: Some((relation, vec![])),
+        terms: vec![(
+            Expr::Column(loss.schema().columns()[0].clone()),
+            Placeholder::Adjoint.column(0),
+        )],
     };
     backward.run(loss, &seed)?;
     GroupJoin::plan(
@@ -116,6 +145,27 @@ pub(crate) fn gradient_table(
         backward.contributions,
         parameter.names,
     )
+}
+
+/// The loss query `loss` as the backward pass reads it, and its value is
+/// computed from: decorrelated, its aggregates shared (so the value and
+/// the gradient tables of one loss read each aggregate once).
+pub(crate) fn shared_loss(loss: &LogicalPlan) -> Result<LogicalPlan> {
+    share_aggregates(&decorrelated(loss)?)
+}
+
+/// `plan` with its correlated subqueries (`EXISTS`, `IN`, scalar ones in
+/// a `WHERE`) made into the joins DataFusion's optimizer makes of them:
+/// semi and anti joins, and joins to aggregates, which the backward pass
+/// transposes. (A correlated subquery's outer columns name the rows of the
+/// plan around it, which the backward pass renames.) The rest of `plan`,
+/// the parameter relation's scans included, is unchanged.
+fn decorrelated(plan: &LogicalPlan) -> Result<LogicalPlan> {
+    let rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> = vec![
+        Arc::new(DecorrelatePredicateSubquery::new()),
+        Arc::new(ScalarSubqueryToJoin::new()),
+    ];
+    Optimizer::with_rules(rules).optimize(plan.clone(), &OptimizerContext::new(), |_, _| {})
 }
 
 /// `plan` with every aggregate in it (in subqueries too) shared

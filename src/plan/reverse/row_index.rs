@@ -19,7 +19,7 @@ use datafusion::common::{internal_err, HashMap};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use super::duplicates::DuplicateRows;
+use super::row_check::RowCheck;
 use crate::error::{fail, ErrorKind};
 
 /// No row (an empty slot, the end of a chain).
@@ -71,7 +71,7 @@ impl RowIndex {
     pub fn build(
         keys: Vec<ArrayRef>,
         rows: usize,
-        check: &DuplicateRows,
+        check: &RowCheck,
         reservation: MemoryReservation,
     ) -> Result<Self> {
         if rows >= NONE as usize {
@@ -182,7 +182,7 @@ impl RowIndex {
 fn numbered(
     keys: &[ArrayRef],
     rows: usize,
-    check: &DuplicateRows,
+    check: &RowCheck,
     reservation: &MemoryReservation,
 ) -> Result<Option<Lookup>> {
     if rows == 0
@@ -226,7 +226,7 @@ fn numbered(
             .sum();
         let slot = &mut slots[slot as usize];
         if *slot != NONE {
-            return fail(ErrorKind::InvalidWrt, check.message());
+            return fail(check.kind(), check.message());
         }
         *slot = row as u32;
     }
@@ -242,7 +242,7 @@ fn numbered(
 fn hashed(
     keys: &[ArrayRef],
     rows: usize,
-    check: &DuplicateRows,
+    check: &RowCheck,
     reservation: &MemoryReservation,
 ) -> Result<Lookup> {
     // the chains and the table (about twice its entries)
@@ -258,7 +258,7 @@ fn hashed(
             let mut j = latest;
             while j != NONE {
                 if equal(&same, i, j as usize) {
-                    return fail(ErrorKind::InvalidWrt, check.message());
+                    return fail(check.kind(), check.message());
                 }
                 j = next[j as usize];
             }
