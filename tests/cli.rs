@@ -233,8 +233,8 @@ fn panic_in_a_reader_is_an_error() {
     let table = format!("p={}", path_str(&parquet));
     // `--table` checks the footer before the reader trusts it (issue 45):
     // no panic at all
-    let run = run(&["--table", &table, "-c", "SELECT 1"]);
-    let err = run.fails();
+    let refused = run(&["--table", &table, "-c", "SELECT 1"]);
+    let err = refused.fails();
     assert!(err.contains("cannot register table 'p'"), "{err}");
     assert!(
         err.contains("a corrupt Parquet file: its footer gives 1701273954 bytes of metadata, but the file has 15 bytes"),

@@ -15,6 +15,16 @@
 //! DataFusion's plan, where its steps measured 1.2-1.4× faster with them.
 //! Hash repartitions (joins, grouping) always stay.
 //!
+//! The rule also removes the round-robin repartition DataFusion puts *above*
+//! a recursive query, dealing its output rows to the operators over it:
+//! with it, a loop's memory grew with its iteration count however few rows
+//! the query returned (measured on 2 cores, a 10,000-element tensor state:
+//! 235 MiB peak at 1,000 steps and 393 MiB at 2,000 for the loop alone, 478
+//! and 869 MiB for its reverse-mode gradient, against 79-91 MiB at either
+//! count in one partition). Without it the operators over the loop read its
+//! rows as they come, and a loop's peak memory is its states (and, in
+//! reverse mode, about √T kept states), not its iterations.
+//!
 //! ```sql
 //! SET datafusion_grad.spread_iterations = true; -- DataFusion's plan
 //! ```
@@ -29,7 +39,12 @@ use datafusion::physical_plan::empty::EmptyExec;
 use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
 use datafusion::physical_plan::ExecutionPlan;
 
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
+
 use super::invariant::{reads_iterations, reads_iterations_here};
+use super::iterate::IterateExec;
 use super::{dealt, rewrite_recursive_terms};
 use crate::options::GradOptions;
 
@@ -45,6 +60,14 @@ impl PhysicalOptimizerRule for SerialIterations {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        let plan = plan
+            .transform_up(|n| {
+                Ok(match dealt_loop_output(&n) {
+                    Some(input) => Transformed::yes(input),
+                    None => Transformed::no(n),
+                })
+            })?
+            .data;
         let spread = config
             .extensions
             .get::<GradOptions>()
@@ -85,6 +108,27 @@ fn reads_other_data(term: &Arc<dyn ExecutionPlan>) -> bool {
             && n.downcast_ref::<EmptyExec>().is_none())
     })
     .expect("the visit does not fail")
+}
+
+/// The input of `plan` where it is a round-robin repartition (order not
+/// preserved) of a recursive query's output rows (through projections and
+/// filters).
+fn dealt_loop_output(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    let input = dealt(plan)?.input();
+    let mut below = input;
+    loop {
+        if below.downcast_ref::<RecursiveQueryExec>().is_some()
+            || below.downcast_ref::<IterateExec>().is_some()
+        {
+            return Some(Arc::clone(input));
+        }
+        let row_wise = below.downcast_ref::<ProjectionExec>().is_some()
+            || below.downcast_ref::<FilterExec>().is_some();
+        match below.children().as_slice() {
+            [child] if row_wise => below = child,
+            _ => return None,
+        }
+    }
 }
 
 /// The input of `plan` where it is a round-robin repartition (order not

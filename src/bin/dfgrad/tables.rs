@@ -55,13 +55,14 @@ pub(crate) async fn register_table(ctx: &SessionContext, name: &str, path: &Path
     // DataFusion's URL tables type them, so both read the same table).
     let (ext, partitions, paths) = if path.is_dir() {
         let files = DataFiles::of(path).map_err(refuse)?;
+        let ext = files.extension().map_err(refuse)?;
         let partitions: Vec<(String, DataType)> = files
             .partition_keys()
             .map_err(refuse)?
             .into_iter()
             .map(|k| (k, partition_type()))
             .collect();
-        (files.extension().map_err(refuse)?, partitions, files.paths)
+        (ext, partitions, files.paths)
     } else {
         let ext = path
             .extension()

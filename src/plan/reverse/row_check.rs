@@ -105,7 +105,7 @@ impl RowCheck {
             Guarded::Loss { column } => format!(
                 "the loss query returned more than one row; a loss is a scalar (one row of \
                  `{column}`), as a scalar subquery is: aggregate the rows you mean in the loss \
-                 itself, e.g. grad((SELECT sum({column}) FROM s), p.val)"
+                 itself, e.g. write (SELECT sum({column}) FROM s) as the loss"
             ),
         }
     }
