@@ -21,13 +21,14 @@ and the table reports the median of `--repeat` runs and the ratio to the
 loop alone; the issue's targets are <= 2x the loop per variable in forward
 mode and <= 4x for the 64-element state in reverse mode.
 
-`--memory` instead runs the residual loop with a larger state (8,192
-elements) in a process of its own per variant and reports the peak resident
-memory, every state kept (`checkpoint_every = 1`) against the default
-(about every sqrt(T)-th state kept, the rest recomputed).
+`--memory` instead runs the residual loop with a larger state (10,000
+elements) in a process of its own per variant, in one and two partitions,
+and reports the peak resident memory of the loop alone and of its gradient,
+every state kept (`checkpoint_every = 1`) against the default (about every
+sqrt(T)-th state kept, the rest recomputed).
 
     python3 benches/compare_recursion.py [--dfgrad PATH] [--repeat 5]
-    python3 benches/compare_recursion.py --memory [--steps 100 1000 10000]
+    python3 benches/compare_recursion.py --memory --steps 1000 10000
 """
 
 import argparse
@@ -145,39 +146,33 @@ def main():
 
 
 def memory(args):
-    """Peak resident memory of the residual loop's gradient, per T and
-    checkpointing, each in a dfgrad process of its own."""
-    print(f"dfgrad: {args.dfgrad}; 8,192-element state (64 KiB), one process per run")
-    print(f"{'T':>6} {'kept':<14} {'time s':>8} {'peak RSS MiB':>13}")
-    for t in args.steps:
-        script = "SET datafusion.execution.target_partitions = 1;\n" + RESIDUAL.format(
-            n=8192, t=t, select=RESIDUAL_SELECTS["loop"]
-        )
-        p = subprocess.run(["python3", "-c", MEASURE, args.dfgrad], input=script, capture_output=True, text=True)
-        if p.returncode != 0:
-            sys.exit(p.stderr)
-        rss_kib, elapsed = p.stdout.split()
-        print(f"{t:>6} {'loop alone':<14} {float(elapsed):8.3f} {int(rss_kib) / 1024:13.1f}")
+    """Peak resident memory of the residual loop alone and of its gradient,
+    per T, partitions and checkpointing, each in a dfgrad process of its
+    own. The peak should grow with the state and about sqrt(T) kept
+    states, not with T (issue 45: the loop's output dealt round-robin over
+    two partitions held every row)."""
+    print(f"dfgrad: {args.dfgrad}; 10,000-element state (78 KiB), one process per run")
+    print(f"{'T':>6} {'partitions':>10} {'kept':<14} {'time s':>8} {'peak RSS MiB':>13}")
     select = "tensor_total(grad(tensor_total(tensor_mul(v, v)), v0))"
     for t in args.steps:
-        for label, every in [("every state", 1), ("~sqrt(T)", 0)]:
-            # One partition: with two, DataFusion 55's recursive query keeps
-            # memory of every iteration's round-robin repartition (even
-            # without derivatives), which would hide the replay's own.
-            script = (
-                "SET datafusion.execution.target_partitions = 1;\n"
-                f"SET datafusion_grad.checkpoint_every = {every};\n"
-            ) + RESIDUAL.format(
-                n=8192, t=t, select=select
-            )
-            p = subprocess.run(
-                ["python3", "-c", MEASURE, args.dfgrad],
-                input=script, capture_output=True, text=True,
-            )
-            if p.returncode != 0:
-                sys.exit(p.stderr)
-            rss_kib, elapsed = p.stdout.split()
-            print(f"{t:>6} {label:<14} {float(elapsed):8.3f} {int(rss_kib) / 1024:13.1f}")
+        for partitions in [1, 2]:
+            variants = [("loop alone", None, RESIDUAL_SELECTS["loop"])] + [
+                (label, every, select) for label, every in [("every state", 1), ("~sqrt(T)", 0)]
+            ]
+            for label, every, sel in variants:
+                script = f"SET datafusion.execution.target_partitions = {partitions};\n"
+                if every is not None:
+                    script += f"SET datafusion_grad.checkpoint_every = {every};\n"
+                script += RESIDUAL.format(n=10000, t=t, select=sel)
+                p = subprocess.run(
+                    ["python3", "-c", MEASURE, args.dfgrad],
+                    input=script, capture_output=True, text=True,
+                )
+                if p.returncode != 0:
+                    sys.exit(p.stderr)
+                rss_kib, elapsed = p.stdout.split()
+                print(f"{t:>6} {partitions:>10} {label:<14} {float(elapsed):8.3f} "
+                      f"{int(rss_kib) / 1024:13.1f}", flush=True)
 
 
 # Runs dfgrad on stdin's script and prints its peak RSS (KiB) and the

@@ -214,7 +214,9 @@ fn extreme(c: &AggregateCall, kind: Arc<AggregateUDF>) -> Result<Expr> {
         .arg(0)
         .eq(c.over_group(Arc::clone(&kind), vec![c.arg(0)])?);
     let value = cast(c.aggregate(kind, vec![c.arg(0)]), DataType::Float64);
-    when(isnan(value), num(f64::NAN)).otherwise(
+    // NaN written as the extreme itself (NaN there), which every export
+    // dialect can print (SQLite has no NaN literal).
+    when(isnan(value.clone()), value).otherwise(
         c.aggregate(sum_udaf(), vec![when(at.clone(), c.derivative(0)).end()?])
             / c.aggregate(sum_udaf(), vec![when(at, num(1.0)).end()?]),
     )

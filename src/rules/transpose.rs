@@ -152,7 +152,9 @@ fn extreme(c: &mut TransposeCall, kind: Arc<AggregateUDF>) -> Result<Vec<Option<
     let m = c.group(kind, vec![c.arg(0)]);
     let at = c.arg(0).eq(m.clone());
     let ties = c.group(sum_udaf(), vec![when(at.clone(), num(1.0)).end()?]);
-    let partial = when(isnan(cast(m, DataType::Float64)), num(f64::NAN))
+    // NaN written as the extreme itself (NaN there).
+    let nan = cast(m, DataType::Float64);
+    let partial = when(isnan(nan.clone()), nan)
         .when(at, num(1.0) / ties)
         .otherwise(num(0.0))?;
     Ok(vec![Some(c.filtered(partial)?)])

@@ -302,7 +302,7 @@ def compare_rows(expected, actual):
 # --------------------------------------------------------------------------
 
 SEP_PREFIX = "@@dfgrad-sep "
-SEP_RE = re.compile(r"^SELECT '@@dfgrad-sep (\S+)@@' AS dfgrad_sep$")
+SEP_RE = re.compile(r"^SELECT '@@dfgrad-sep (\S+)@@' AS dfgrad_sep;?$")
 SEP_VALUE_RE = re.compile(r"^@@dfgrad-sep (\S+)@@$")
 
 
