@@ -23,6 +23,9 @@ mod common;
 mod cuda;
 #[path = "export.rs"]
 mod export;
+/// Random expressions and their planning time, shared with the planning benchmark.
+#[path = "../benches/expressions/mod.rs"]
+mod expressions;
 /// The expression families of the rewrite benchmark.
 #[path = "../benches/families/mod.rs"]
 mod families;
@@ -32,6 +35,8 @@ mod group_join;
 mod invariant;
 #[path = "layers.rs"]
 mod layers;
+#[path = "planning.rs"]
+mod planning;
 #[path = "properties.rs"]
 mod properties;
 #[path = "readme.rs"]

@@ -21,6 +21,7 @@
 pub mod call;
 mod columns;
 pub mod graph;
+mod guard;
 mod nulls;
 pub mod primitive;
 pub mod share;

@@ -10,9 +10,10 @@
 //! each carrying forward only the bound columns still used above it.
 //!
 //! A node is only bound when computing it on every row is harmless: it can
-//! never raise an error ([`Workspace::is_safe`]), or it is evaluated on every
-//! row anyway (not only inside a `CASE` branch). Nodes that read outer
-//! references, placeholders or subqueries stay inline.
+//! never raise an error ([`Workspace::own_safe`] for it and every node below
+//! it), or it is evaluated on every row anyway (not only inside a `CASE`
+//! branch). Nodes that read outer references, placeholders or subqueries
+//! stay inline.
 
 use datafusion::common::{Column, HashMap, HashSet};
 use datafusion::error::Result;

@@ -4,11 +4,11 @@
 
 use std::rc::Rc;
 
-use datafusion::common::{Column, HashMap, ScalarValue};
+use datafusion::common::{Column, HashMap};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Operator};
 
-use super::graph::{self, NodeId, NodeMap};
+use super::graph::{NodeId, NodeMap};
 use super::primitive;
 use super::template::{Local, Partials};
 use super::workspace::Workspace;
@@ -24,9 +24,11 @@ pub(crate) struct Sweep<'w, 'a> {
     active: Vec<bool>,
 }
 
-/// An adjoint or tangent: a node, and the guard of its path — a boolean node
-/// that is true on the rows where every selection along the path (`CASE`
-/// branch, `greatest` argument, …) is taken; `None` when it is every row.
+/// An adjoint or tangent: a node, and the guard of its path — a condition
+/// ([`super::guard`]) that holds on the rows where every selection along the
+/// path (`CASE` branch, `greatest` argument, …) is taken; `None` when it is
+/// every row. The node's value counts only where the guard holds, and it is
+/// evaluated only there.
 pub(crate) type Flow = (NodeId, Option<NodeId>);
 
 /// A local partial derivative: a node, and whether it selects (is NULL on the
@@ -169,84 +171,60 @@ impl<'w, 'a> Sweep<'w, 'a> {
                 let map = if reverse { vjp } else { jvp };
                 let mut with_flow = values.to_vec();
                 with_flow.push(flow.0);
-                let mut term = map.instantiate(&mut self.ws.g, &with_flow);
-                if let Some(g) = flow.1 {
-                    if !self.ws.is_safe(term)? {
-                        term = self.ws.case_when(g, term, None);
-                    }
-                }
-                Ok((term, flow.1))
+                Ok((map.instantiate(&mut self.ws.g, &with_flow), flow.1))
             }
         }
     }
 
     /// The flow `flow · p` along one edge.
     ///
-    /// A guarded flow is NULL off its guard, so `flow · p` is too. When `p`
-    /// might raise an error where its branch is not taken (see
-    /// [`Sweep::is_safe`]) the product becomes `CASE WHEN guard THEN flow · p
-    /// END`, so `p` is only evaluated on the selected rows, as `f`'s own `CASE`
-    /// does (`sqrt` of a negative number in an unselected branch never raises
-    /// an error). When `p` selects (is NULL off its branch), the guard narrows
-    /// to `CASE WHEN guard THEN p IS NOT NULL ELSE false END`. Guards are built
-    /// from selection conditions only, never from flows, so no flow is
+    /// A guarded flow's node counts only where its guard holds: it is
+    /// evaluated only there, once, where the flow ends — in a
+    /// `CASE WHEN guard THEN … ELSE 0 END` of a sum ([`Sweep::sum`]) or of
+    /// the derivative — so `p` may be any partial, also one that raises an
+    /// error off the branch its guard selects (`sqrt` of a negative number
+    /// in an unselected branch is never evaluated), and no guard is tested
+    /// again inside it. When `p` selects (is NULL off its branch), the guard
+    /// narrows by the atom that `p` is not NULL ([`Workspace::selected`]),
+    /// and where `p` is 1 wherever it is not NULL (a `CASE` branch's
+    /// indicator) the flow passes unchanged: `flow · 1` is `flow`. Guards are
+    /// built from selection conditions only, never from flows, so no flow is
     /// duplicated in the emitted expression.
     fn product(&mut self, (flow, guard): Flow, (p, selects): Factor) -> Result<Flow> {
+        if selects && self.ws.is_unit_selection(p) {
+            let on_branch = self.ws.selected(p);
+            return Ok((flow, Some(self.ws.guard_and(guard, on_branch))));
+        }
         // A tensor's flow through a number factor (a `CASE` branch's
         // indicator) is scaled by it.
-        let mut term = match Shape::is_tensor_type(&self.ws.data_type(flow)?) {
+        let term = match Shape::is_tensor_type(&self.ws.data_type(flow)?) {
             true => self.ws.scale(flow, p),
             false => self.ws.g.binary(Operator::Multiply, flow, p),
         };
-        if let Some(g) = guard {
-            if self.ws.g.number(term) != Some(0.0) && !self.ws.is_safe(p)? {
-                term = self.ws.case_when(g, term, None);
-            }
-        }
         if !selects {
             return Ok((term, guard));
         }
-        let on_branch = self
-            .ws
-            .g
-            .add(Expr::IsNotNull(Box::new(graph::hole())), &[p]);
-        let guard = match guard {
-            None => on_branch,
-            Some(g) => {
-                let no = self
-                    .ws
-                    .g
-                    .add(Expr::Literal(ScalarValue::Boolean(Some(false)), None), &[]);
-                self.ws.case_when(g, on_branch, Some(no))
-            }
-        };
-        Ok((term, Some(guard)))
+        let on_branch = self.ws.selected(p);
+        Ok((term, Some(self.ws.guard_and(guard, on_branch))))
     }
 
     /// Sums flows into node `like`'s (of its shape); off its guard, a term
     /// counts as 0. When every term is guarded, the sum is guarded by the
-    /// union of the guards (and NULL off it).
+    /// disjunction of the guards, and a term guarded by that disjunction
+    /// itself is summed as it is.
     fn sum(&mut self, terms: Vec<Flow>, like: NodeId) -> Result<Flow> {
         if terms.len() == 1 {
             return Ok(terms[0]);
         }
         let tensor = Shape::is_tensor_type(&self.ws.data_type(like)?);
-        let mut guards: Vec<NodeId> = Vec::new();
-        let mut all_guarded = true;
+        let guards: Option<Vec<NodeId>> = terms.iter().map(|&(_, g)| g).collect();
+        let union = guards.map(|g| self.ws.guard_or(&g));
         let mut ids = Vec::with_capacity(terms.len());
         for (t, guard) in terms {
-            match guard {
-                Some(g) => {
-                    if !guards.contains(&g) {
-                        guards.push(g);
-                    }
-                    ids.push(self.ws.zero_off(g, t, like)?);
-                }
-                None => {
-                    all_guarded = false;
-                    ids.push(t);
-                }
-            }
+            ids.push(match guard {
+                Some(g) if Some(g) != union => self.ws.zero_off(g, t, like)?,
+                _ => t,
+            });
         }
         let total = ids
             .into_iter()
@@ -255,14 +233,7 @@ impl<'w, 'a> Sweep<'w, 'a> {
                 false => self.ws.g.binary(Operator::Plus, a, b),
             })
             .expect("at least one term");
-        if !all_guarded {
-            return Ok((total, None));
-        }
-        let guard = guards
-            .into_iter()
-            .reduce(|a, b| self.ws.g.binary(Operator::Or, a, b))
-            .expect("at least one guard");
-        Ok((self.ws.case_when(guard, total, None), Some(guard)))
+        Ok((total, union))
     }
 
     /// The compiled partials of node `id` and the values they take as

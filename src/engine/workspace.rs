@@ -41,7 +41,6 @@ pub struct Workspace<'a> {
     pub(crate) columns: Columns<'a>,
     pub(crate) rules: &'a Rules,
     types: NodeMap<DataType>,
-    safe: NodeMap<bool>,
     nullable: NodeMap<bool>,
     templates: HashMap<ShellId, Vec<Compiled>>,
     nulls_like: Vec<(Expr, Expr)>,
@@ -56,7 +55,6 @@ impl<'a> Workspace<'a> {
             columns: Columns::new(schema),
             rules,
             types: NodeMap::default(),
-            safe: NodeMap::default(),
             nullable: NodeMap::default(),
             templates: HashMap::new(),
             nulls_like: Vec::new(),
@@ -433,18 +431,6 @@ impl<'a> Workspace<'a> {
         self.nullable[&id]
     }
 
-    /// Whether evaluating node `id` can never raise an error, whatever the
-    /// row: it and every node below it are [`Workspace::own_safe`].
-    pub fn is_safe(&mut self, id: NodeId) -> Result<bool> {
-        let known = |ws: &Self, n| ws.safe.contains_key(&n);
-        self.classify(id, known, |ws, n| {
-            let safe = ws.own_safe(n)? && ws.g.args(n).iter().all(|a| ws.safe[a]);
-            ws.safe.insert(n, safe);
-            Ok(())
-        })?;
-        Ok(self.safe[&id])
-    }
-
     /// Whether node `id`'s own operation can never raise an error, given
     /// values for its arguments: float arithmetic, comparisons, `CASE`, the
     /// math functions that return NaN or ±inf outside their domain, and
@@ -481,13 +467,17 @@ impl<'a> Workspace<'a> {
         })
     }
 
-    /// `CASE WHEN cond THEN then [ELSE otherwise] END`.
+    /// `CASE WHEN cond THEN then [ELSE otherwise] END`, without the `CASE`s
+    /// at the top of `then` whose condition `cond` implies (see
+    /// [`super::guard`]): `CASE WHEN g THEN (CASE WHEN g THEN e END) END` is
+    /// `CASE WHEN g THEN e END`.
     pub(crate) fn case_when(
         &mut self,
         cond: NodeId,
         then: NodeId,
         otherwise: Option<NodeId>,
     ) -> NodeId {
+        let then = self.under(cond, then);
         let hole = || Box::new(graph::hole());
         let shell = Expr::Case(Case::new(
             None,
