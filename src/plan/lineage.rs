@@ -991,6 +991,38 @@ pub(crate) fn rereads<T>(var: &dyn Display, what: &str) -> Result<T> {
     )
 }
 
+/// The definition of the column `var` of `node`'s one input where it is
+/// computed there or below (a derived column of a CTE or view), not a
+/// stored column.
+fn derived_definition(node: &LogicalPlan, var: &Column) -> Result<Option<String>> {
+    let [input] = node.inputs()[..] else {
+        return Ok(None);
+    };
+    let Some(idx) = input.schema().maybe_index_of_column(var) else {
+        return Ok(None);
+    };
+    Ok(match trace(input, idx)? {
+        Origin::Derived { expr, .. } => Some(unalias(expr).to_string()),
+        _ => None,
+    })
+}
+
+/// The error for a variable `var`, a derived column computed as
+/// `definition`, that a loss subquery reads through its relation:
+/// relational reverse mode differentiates with respect to stored columns.
+fn rereads_derived<T>(var: &dyn Display, definition: &str) -> Result<T> {
+    fail(
+        ErrorKind::NeedsPlanContext,
+        format!(
+            "the variable `{var}` is a derived column (computed as `{definition}`) that the \
+             loss subquery reads through its relation; the derivative with respect to a \
+             table's rows takes a stored column: differentiate with respect to the column it \
+             is computed from (the chain rule gives the rest), or store the relation first \
+             (CREATE TABLE … AS SELECT …) and differentiate with respect to its column"
+        ),
+    )
+}
+
 /// How an error names the scalar subquery `s`: by the value it computes.
 fn subquery_description(s: &Subquery) -> String {
     let value = s.subquery.schema().field(0).name().clone();
@@ -1019,9 +1051,13 @@ pub(crate) fn refuse_rereads(node: &LogicalPlan) -> Result<()> {
                     continue;
                 }
                 let var_parts = scope.parts(&var)?;
+                let derived = derived_definition(node, &var)?;
                 call.args[0].apply(|e| {
                     if let Expr::ScalarSubquery(s) = e {
                         if overlaps(&var_parts, &parts(&s.subquery, 0)?) {
+                            if let Some(definition) = &derived {
+                                return rereads_derived(&var, definition);
+                            }
                             return rereads(&var, &subquery_description(s));
                         }
                     }
