@@ -25,6 +25,7 @@ mod guard;
 mod nulls;
 pub mod primitive;
 pub mod share;
+mod sign;
 mod sweep;
 mod template;
 pub mod workspace;

@@ -22,6 +22,7 @@ use super::columns::Columns;
 use super::graph::{self, Graph, NodeId, NodeMap, ShellId};
 use super::nulls::Nulls;
 use super::primitive;
+use super::sign::Sign;
 use super::sweep::Sweep;
 use super::template::{self, Partials};
 use super::Seed;
@@ -42,6 +43,7 @@ pub struct Workspace<'a> {
     pub(crate) rules: &'a Rules,
     types: NodeMap<DataType>,
     nullable: NodeMap<bool>,
+    pub(super) signs: NodeMap<Sign>,
     templates: HashMap<ShellId, Vec<Compiled>>,
     nulls_like: Vec<(Expr, Expr)>,
 }
@@ -56,6 +58,7 @@ impl<'a> Workspace<'a> {
             rules,
             types: NodeMap::default(),
             nullable: NodeMap::default(),
+            signs: NodeMap::default(),
             templates: HashMap::new(),
             nulls_like: Vec::new(),
         }
@@ -379,7 +382,7 @@ impl<'a> Workspace<'a> {
 
     /// Runs `classify` on node `id` and on every node below it that is not
     /// `known` yet, each after its children (`classify` makes it known).
-    fn classify(
+    pub(super) fn classify(
         &mut self,
         id: NodeId,
         known: impl Fn(&Self, NodeId) -> bool,
@@ -433,9 +436,10 @@ impl<'a> Workspace<'a> {
 
     /// Whether node `id`'s own operation can never raise an error, given
     /// values for its arguments: float arithmetic, comparisons, `CASE`, the
-    /// math functions that return NaN or ±inf outside their domain, and
-    /// `power` with a constant non-negative exponent. `sqrt` (an error for
-    /// negative numbers), other `power` calls (zero to a negative power),
+    /// math functions that return NaN or ±inf outside their domain, `sqrt`
+    /// of a number known to be non-negative and `power` with a non-negative
+    /// exponent or a positive base ([`Sign`]). Other `sqrt` calls (an error
+    /// for negative numbers) and `power` calls (zero to a negative power),
     /// integer arithmetic (division by zero, overflow) and unknown functions
     /// are not.
     pub fn own_safe(&mut self, id: NodeId) -> Result<bool> {
@@ -456,11 +460,15 @@ impl<'a> Workspace<'a> {
                 self.data_type(arg)?.is_numeric()
             }
             Expr::ScalarFunction(f) if matches!(f.func.name(), "power" | "pow") => {
-                let exponent = self.g.args(id).get(1).copied();
+                let (base, exponent) = (self.g.args(id)[0], self.g.args(id)[1]);
                 primitive::is_float(&self.data_type(id)?)
-                    && exponent
-                        .and_then(|e| self.literal_value(e))
-                        .is_some_and(|v| v >= 0.0)
+                    && (self.literal_value(exponent).is_some_and(|v| v >= 0.0)
+                        || self.sign(exponent) >= Sign::NonNegative
+                        || self.sign(base) == Sign::Positive)
+            }
+            Expr::ScalarFunction(f) if f.func.name() == "sqrt" => {
+                let arg = self.g.args(id)[0];
+                primitive::is_float(&self.data_type(id)?) && self.sign(arg) >= Sign::NonNegative
             }
             Expr::ScalarFunction(f) => primitive::is_safe_function(f.func.name()),
             _ => false,
