@@ -114,9 +114,10 @@ config_namespace! {
         /// condition never met); 0: no bound.
         pub max_iterations: u64, default = 100_000
         /// How derivatives through a recursive query's iterations are taken:
-        /// auto (reverse mode where the variable flows into a tensor column,
-        /// forward mode otherwise), forward (tangent columns carried through
-        /// the iterations) or reverse (the iterations replayed backwards).
+        /// auto (by cost: forward mode for number variables, and for tensor
+        /// variables of at most 16 elements asked for at every row; reverse
+        /// mode otherwise), forward (tangent columns carried through the
+        /// iterations) or reverse (the iterations replayed backwards).
         pub recursion_mode: RecursionMode, default = RecursionMode::Auto
         /// In reverse mode through a recursive query, every how many
         /// iterations a state is kept while the iterations are replayed

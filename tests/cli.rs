@@ -759,6 +759,40 @@ fn memory_limit_bounds_queries() {
     }
 }
 
+/// Issue 45 (7): a relational gradient over a 300k-row parameter table
+/// under a memory limit is DataFusion's `Resources exhausted` where the
+/// limit is too small, never an internal error, and the right sum where it
+/// is enough (d/dval Σ val² = 2·val, and for the float group keys of
+/// Σ key·count(*) each row's key counts once: 1 per row).
+#[test]
+fn relational_gradients_under_a_memory_limit() {
+    let table = "CREATE TABLE p AS SELECT value AS g, CAST(value % 9973 AS DOUBLE) / 10 AS val \
+                 FROM generate_series(1, 300000)";
+    let losses = [
+        (
+            "(SELECT sum(val * val) FROM p)",
+            "SELECT 2 * sum(val) FROM p",
+        ),
+        (
+            "(SELECT sum(key * n) FROM (SELECT p.val AS key, count(*) AS n FROM p GROUP BY p.val))",
+            "SELECT CAST(count(*) AS DOUBLE) FROM p",
+        ),
+    ];
+    for (loss, right) in losses {
+        let check = format!(
+            "{table}; SELECT abs(sum(d) - ({right})) < 1e-6 * ({right}) AS ok \
+             FROM (SELECT grad({loss}, val) AS d FROM p)"
+        );
+        let out = dfgrad_ok(&["-m", "64m", "--format", "csv", "-c", &check]);
+        assert_eq!(out, "ok\ntrue\n", "{loss}");
+        let err = run(&["-m", "4m", "--format", "csv", "-c", &check])
+            .fails()
+            .to_string();
+        assert!(err.contains("Resources exhausted"), "{loss}: {err}");
+        assert!(!err.contains("Internal error"), "{loss}: {err}");
+    }
+}
+
 /// Issue 26: `-p` runs in a directory, and files are queried directly
 /// (`FROM 'points.csv'`, DataFusion's dynamic file catalog).
 #[test]

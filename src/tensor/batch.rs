@@ -10,6 +10,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, Float64Array};
 use datafusion::arrow::buffer::{NullBuffer, ScalarBuffer};
 use datafusion::arrow::datatypes::{DataType, Field, Float64Type};
+use datafusion::common::ScalarValue;
 use datafusion::error::Result;
 use datafusion::logical_expr::ColumnarValue;
 
@@ -117,6 +118,19 @@ fn flat_values(
 pub fn union_nulls(args: &[TensorArg]) -> Option<NullBuffer> {
     args.iter()
         .fold(None, |acc, a| NullBuffer::union(acc.as_ref(), a.nulls()))
+}
+
+/// The value of `shape` whose element `k` (row-major) is 1 and every other
+/// 0: the `k`-th basis direction of a tensor variable.
+///
+/// ```
+/// use datafusion_grad::tensor::{batch::unit, shape::Shape};
+/// assert_eq!(unit(Shape::Vector(3), 1).unwrap().to_string(), "[0.0, 1.0, 0.0]");
+/// ```
+pub fn unit(shape: Shape, k: usize) -> Result<ScalarValue> {
+    let mut values = vec![0.0; shape.size()];
+    values[k] = 1.0;
+    ScalarValue::try_from_array(&build(shape, values, None), 0)
 }
 
 /// A column of `shape` values from `values` (row after row) with `nulls`.

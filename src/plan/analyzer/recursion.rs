@@ -7,8 +7,9 @@
 //! initial state) and whose `f` reads columns that `v` flows into through
 //! the iterations, the derivative is the total one. The CTE gets one
 //! tangent column `__dfgrad_tangent{j}_{c}` = d c / d vⱼ per float or
-//! float tensor column `c` (a tensor of `c`'s shape) and number variable
-//! `vⱼ`:
+//! float tensor column `c` (a tensor of `c`'s shape) and direction `vⱼ`: a
+//! number variable, or an element of a tensor variable (its unit tensor
+//! `eₖ` is the variable's tangent; at most [`MAX_DIRECTIONS`] in all):
 //!
 //! - static term: `d c / d v` of the first row, as the analyzer takes it
 //!   over the term's output: 1 for `v` itself, and for another column the
@@ -20,14 +21,16 @@
 //!   analyzer differentiates as any marker);
 //! - the marker: `grad(f, v)` becomes `jvp(f, c₁, t₁, …)` over the CTE's
 //!   columns visible at it and their tangents; `jvp(f, v₁, s₁, …)` sums
-//!   `sᵢ·tᵢ`; `vjp(f, v, u)` is `u` times the total.
+//!   `sᵢ·tᵢ`; `vjp(f, v, u)` is `u` times the total. For a tensor
+//!   variable, `grad` and `vjp` assemble `Σₖ eₖ·(df/dvₖ)` from one such
+//!   `jvp` per element, and `jvp`'s tangent `t` weighs direction `k` by `tₖ`.
 //!
 //! Conditions (the `WHERE step < n` stop, `CASE`) are piecewise constant,
 //! as JAX treats a `while_loop`'s trip count under `jvp`. Refused, typed:
 //! several work-table scans in the recursive term, `UNION` (distinct: the
 //! tangents would change which rows are duplicates), a marker mixing such
-//! variables with others, a tensor variable (a tangent per element: reverse
-//! mode), a column of another compound type the variable flows into, and
+//! variables with others, tensor variables of more than [`MAX_DIRECTIONS`]
+//! elements, a column of another compound type the variable flows into, and
 //! the CTE's columns reaching the marker through an aggregate,
 //! window or set operation (put the marker inside the aggregate:
 //! `avg(grad(loss, lr))`, or group by the variable). Projections between
@@ -35,8 +38,9 @@
 //! (`__dfgrad_value{c}_{cte}`), so a derived column of them is differentiated
 //! through them.
 //!
-//! Where a variable is a tensor (with
-//! `datafusion_grad.recursion_mode = 'auto'`), or the setting asks for it,
+//! Where `datafusion_grad.recursion_mode = 'auto'` finds reverse mode
+//! cheaper (`reverse_recursion::chosen`: tensor variables with more elements,
+//! or a derivative asked for at some rows only), or the setting asks for it,
 //! the markers are taken in reverse mode instead (`reverse_recursion.rs`).
 
 use std::sync::Arc;
@@ -76,7 +80,7 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
     let LogicalPlan::RecursiveQuery(r) = found.cte else {
         unreachable!("found a recursive CTE")
     };
-    if reverse_recursion::chosen(r, &found.variables)? {
+    if reverse_recursion::chosen(r, &found.variables, every_row(&input, found.cte)?)? {
         return reverse_recursion::reverse(node.clone(), input.clone(), &found);
     }
     let tangents = Tangents::new(r, &found.variables, &found.rules)?;
@@ -105,74 +109,112 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
                     return Ok(Transformed::no(e));
                 };
                 let kind = call.kind();
-                let f = call.args[0].clone();
-                // The seed of each variable: 1, a tangent, or a cotangent.
-                let seeds: Vec<(usize, Expr)> = match kind {
-                    MarkerKind::Grad if vars.len() == 1 => vec![(vars[0], lit(1.0))],
-                    MarkerKind::Jvp => vars
-                        .iter()
-                        .zip(call.args[2..].iter().step_by(2))
-                        .map(|(v, t)| (*v, t.clone()))
-                        .collect(),
-                    // u · (df/dv · 1), paired below.
-                    MarkerKind::Vjp if vars.len() == 1 => vec![(vars[0], lit(1.0))],
-                    _ => {
-                        return fail(
-                            ErrorKind::NeedsPlanContext,
-                            format!(
-                                "{}: several variables carried through the recursive CTE \
-                                 `{}` in one call; take one derivative per variable (e.g. \
-                                 grad(f, a), grad(f, x0))",
-                                kind.name(),
-                                r.name
-                            ),
-                        )
-                    }
-                };
-                let mut args = vec![f];
-                for (column, c) in &visible {
-                    let mut total: Option<Expr> = None;
-                    for (j, seed) in &seeds {
-                        let Some(t) = tangent(*j, *c)? else {
-                            continue;
-                        };
-                        let term = match tangents.is_tensor(*c) {
-                            true => tensor::call("scale", vec![t, seed.clone()]),
-                            false => seed.clone() * t,
-                        };
-                        total = Some(match (total, tangents.is_tensor(*c)) {
-                            (Some(s), true) => tensor::call("tensor_add", vec![s, term]),
-                            (Some(s), false) => s + term,
-                            (None, _) => term,
-                        });
-                    }
-                    if let Some(total) = total {
-                        args.push(Expr::Column(column.clone()));
-                        args.push(total);
-                    }
+                if kind != MarkerKind::Jvp && vars.len() != 1 {
+                    return fail(
+                        ErrorKind::NeedsPlanContext,
+                        format!(
+                            "{}: several variables carried through the recursive CTE `{}` in \
+                             one call; take one derivative per variable (e.g. grad(f, a), \
+                             grad(f, x0))",
+                            kind.name(),
+                            r.name
+                        ),
+                    );
                 }
-                if args.len() == 1 {
-                    // No tangent reaches the columns `f` reads here: 0.
-                    args.extend([call.args[1].clone(), lit(0.0)]);
-                }
-                let jvp = ScalarUDF::new_from_impl(Marker::new(
-                    MarkerKind::Jvp,
-                    Arc::clone(&found.rules),
-                ));
-                let total = jvp.call(args);
-                Ok(Transformed::yes(match kind {
-                    MarkerKind::Vjp => {
-                        let u = call.args[2].clone();
-                        match Shape::is_tensor_type(&u.get_type(input.schema().as_ref())?) {
-                            true => tensor::call(
-                                "tensor_total",
-                                vec![tensor::call("tensor_mul", vec![u, total])],
-                            ),
-                            false => u * total,
+                // The jvp of `f` along the tangent sets `seeds`, each
+                // weighted by its seed (1, or a tangent's element).
+                let directional = |seeds: &[(usize, Expr)]| -> Result<Expr> {
+                    let mut args = vec![call.args[0].clone()];
+                    for (column, c) in &visible {
+                        let mut total: Option<Expr> = None;
+                        for (j, seed) in seeds {
+                            let Some(t) = tangent(*j, *c)? else {
+                                continue;
+                            };
+                            let term = match tangents.is_tensor(*c) {
+                                true => tensor::call("scale", vec![t, seed.clone()]),
+                                false => seed.clone() * t,
+                            };
+                            total = Some(match (total, tangents.is_tensor(*c)) {
+                                (Some(s), true) => tensor::call("tensor_add", vec![s, term]),
+                                (Some(s), false) => s + term,
+                                (None, _) => term,
+                            });
+                        }
+                        if let Some(total) = total {
+                            args.push(Expr::Column(column.clone()));
+                            args.push(total);
                         }
                     }
-                    _ => total,
-                }))
+                    if args.len() == 1 {
+                        // No tangent reaches the columns `f` reads here: 0.
+                        let x = call.args[1].clone();
+                        let zero =
+                            match Shape::is_tensor_type(&x.get_type(input.schema().as_ref())?) {
+                                true => tensor::call("zeros_like", vec![x.clone()]),
+                                false => lit(0.0),
+                            };
+                        args.extend([x, zero]);
+                    }
+                    let jvp = ScalarUDF::new_from_impl(Marker::new(
+                        MarkerKind::Jvp,
+                        Arc::clone(&found.rules),
+                    ));
+                    Ok(jvp.call(args))
+                };
+                let derivative = match kind {
+                    // Σ tᵢ · (df/dvᵢ), an element of a tensor tangent for
+                    // each of its directions.
+                    MarkerKind::Jvp => {
+                        let mut seeds = Vec::new();
+                        for (&v, t) in vars.iter().zip(call.args[2..].iter().step_by(2)) {
+                            for j in tangents.sets_of(v) {
+                                let seed = match tangents.direction(j)? {
+                                    None => t.clone(),
+                                    Some(e) => tensor::call(
+                                        "tensor_total",
+                                        vec![tensor::call("tensor_mul", vec![t.clone(), e])],
+                                    ),
+                                };
+                                seeds.push((j, seed));
+                            }
+                        }
+                        directional(&seeds)?
+                    }
+                    // df/dv (paired with u for vjp), one direction at a
+                    // time for a tensor variable: Σₖ eₖ · (df/dvₖ).
+                    _ => {
+                        let mut assembled: Option<Expr> = None;
+                        for j in tangents.sets_of(vars[0]) {
+                            let d = directional(&[(j, lit(1.0))])?;
+                            let d = match kind {
+                                MarkerKind::Vjp => {
+                                    let u = call.args[2].clone();
+                                    match Shape::is_tensor_type(
+                                        &u.get_type(input.schema().as_ref())?,
+                                    ) {
+                                        true => tensor::call(
+                                            "tensor_total",
+                                            vec![tensor::call("tensor_mul", vec![u, d])],
+                                        ),
+                                        false => u * d,
+                                    }
+                                }
+                                _ => d,
+                            };
+                            assembled = Some(match (tangents.direction(j)?, assembled) {
+                                (None, _) => d,
+                                (Some(e), None) => tensor::call("scale", vec![e, d]),
+                                (Some(e), Some(sum)) => tensor::call(
+                                    "tensor_add",
+                                    vec![sum, tensor::call("scale", vec![e, d])],
+                                ),
+                            });
+                        }
+                        assembled.expect("a variable has a tangent set")
+                    }
+                };
+                Ok(Transformed::yes(derivative))
             })?
             .data;
         exprs.push(saved.restore(e));
@@ -277,6 +319,18 @@ fn find<'p>(node: &LogicalPlan, input: &'p LogicalPlan) -> Result<Option<Found<'
     Ok(found)
 }
 
+/// Whether every row of the node `cte` reaches `plan`'s output: no filter
+/// or limit of `plan` reads it (a marker above asks for its derivative at
+/// every row).
+fn every_row(plan: &LogicalPlan, cte: &LogicalPlan) -> Result<bool> {
+    Ok(!plan.exists(|node| {
+        Ok(
+            matches!(node, LogicalPlan::Filter(_) | LogicalPlan::Limit(_))
+                && node.exists(|n| Ok(std::ptr::eq(n, cte)))?,
+        )
+    })?)
+}
+
 /// Whether an aggregate or window of `plan` reads the node `cte`.
 fn aggregated_above(plan: &LogicalPlan, cte: &LogicalPlan) -> Result<bool> {
     plan.exists(|node| {
@@ -320,15 +374,25 @@ fn carries_tangent(t: &DataType) -> bool {
     t.is_floating() || Shape::is_tensor_type(t)
 }
 
+/// Most scalar directions forward mode carries through a recursive CTE: the
+/// elements of its variables in all (a tangent set each). Beyond it, reverse
+/// mode (one backward sweep per row asked for) is the one that scales.
+pub(super) const MAX_DIRECTIONS: usize = 16;
+
 /// A recursive CTE with tangent columns for some of its columns.
 struct Tangents<'r> {
     r: &'r RecursiveQuery,
-    variables: Vec<usize>,
+    /// One tangent set per scalar direction: a variable (its column), and
+    /// for a tensor variable the element its direction is the unit tensor
+    /// of (`None`: a number variable).
+    sets: Vec<(usize, Option<usize>)>,
+    /// The first tangent set of each variable (its sets are consecutive).
+    first: Vec<usize>,
     /// Its float and float tensor columns.
     floats: Vec<usize>,
-    /// For each variable, the float columns it flows into (each gets a
-    /// tangent column; the others' tangents are constant: 1 for the
-    /// variable, 0 otherwise).
+    /// For each tangent set, the float columns its variable flows into
+    /// (each gets a tangent column; the others' tangents are constant: the
+    /// direction for the variable, 0 otherwise).
     moving: Vec<Vec<usize>>,
     rules: SharedRules,
 }
@@ -350,25 +414,44 @@ impl<'r> Tangents<'r> {
             .filter(|&i| carries_tangent(schema.field(i).data_type()))
             .collect();
         // Forward mode carries one tangent of a column's own shape per
-        // scalar variable: a tensor variable would need one per element,
-        // and a column of another compound type that a variable flows into
-        // would be taken as constant, silently.
+        // direction: one per number variable, one per element of a tensor
+        // variable; a column of another compound type that a variable flows
+        // into would be taken as constant, silently.
+        let mut sets = Vec::new();
+        let mut first = Vec::new();
         for &v in variables {
             let t = schema.field(v).data_type();
-            if t.is_nested() || t.is_decimal() {
-                return fail(
-                    ErrorKind::NeedsPlanContext,
-                    format!(
-                        "derivatives through the recursive CTE `{}` in forward mode with \
-                         respect to `{}` ({t}): forward mode takes float and integer \
-                         variables (a tensor variable needs a tangent per element); reverse \
-                         mode (recursion_mode 'auto' or 'reverse') takes float tensor \
-                         variables",
-                        r.name,
-                        schema.field(v).name()
-                    ),
-                );
-            }
+            let directions = match Shape::of(t) {
+                Some(Shape::Scalar) if !t.is_decimal() => vec![None],
+                Some(shape) if shape.is_tensor() => (0..shape.size()).map(Some).collect(),
+                _ => {
+                    return fail(
+                        ErrorKind::NeedsPlanContext,
+                        format!(
+                            "derivatives through the recursive CTE `{}` in forward mode with \
+                             respect to `{}` ({t}): forward mode takes float, integer and \
+                             float tensor variables",
+                            r.name,
+                            schema.field(v).name()
+                        ),
+                    )
+                }
+            };
+            first.push(sets.len());
+            sets.extend(directions.into_iter().map(|k| (v, k)));
+        }
+        if sets.len() > MAX_DIRECTIONS {
+            return fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "derivatives through the recursive CTE `{}` in forward mode: its variables \
+                     have {} elements in all, each a tangent carried through the iterations \
+                     (at most {MAX_DIRECTIONS}); take them in reverse mode (recursion_mode \
+                     'reverse' or 'auto')",
+                    r.name,
+                    sets.len()
+                ),
+            );
         }
         for (i, field) in schema.fields().iter().enumerate() {
             let t = field.data_type();
@@ -392,26 +475,45 @@ impl<'r> Tangents<'r> {
                 }
             }
         }
-        let mut moving = Vec::new();
-        for &v in variables {
+        let mut moving = Vec::with_capacity(sets.len());
+        for (i, &v) in variables.iter().enumerate() {
             let mut columns = Vec::new();
             for &c in &floats {
                 if c != v && through_iterations(r, c, v)? {
                     columns.push(c);
                 }
             }
-            moving.push(columns);
+            let count = first.get(i + 1).unwrap_or(&sets.len()) - first[i];
+            moving.extend(std::iter::repeat_n(columns, count));
         }
         Ok(Self {
             r,
-            variables: variables.to_vec(),
+            sets,
+            first,
             floats,
             moving,
             rules: Arc::clone(rules),
         })
     }
 
-    /// The names of the tangent columns, in order: variable-major.
+    /// The tangent sets of the `i`-th variable.
+    fn sets_of(&self, i: usize) -> std::ops::Range<usize> {
+        self.first[i]..self.first.get(i + 1).copied().unwrap_or(self.sets.len())
+    }
+
+    /// The direction of tangent set `j` when its variable is a tensor: the
+    /// unit tensor of its element; `None` for a number variable (1).
+    fn direction(&self, j: usize) -> Result<Option<Expr>> {
+        let (v, k) = self.sets[j];
+        let Some(k) = k else {
+            return Ok(None);
+        };
+        let t = self.r.static_term.schema().field(v).data_type();
+        let shape = Shape::of(t).expect("a tensor variable");
+        Ok(Some(Expr::Literal(tensor::batch::unit(shape, k)?, None)))
+    }
+
+    /// The names of the tangent columns, in order: tangent-set-major.
     fn names(&self) -> Vec<String> {
         let mut names = Vec::new();
         for (j, columns) in self.moving.iter().enumerate() {
@@ -422,13 +524,13 @@ impl<'r> Tangents<'r> {
         names
     }
 
-    /// The tangent of float (or float tensor) column `c` for the `j`-th
-    /// variable, over `plan` (which carries the tangent columns): 1 for
-    /// the variable itself (carried unchanged), `None` (zero) for a column
-    /// it does not flow into.
+    /// The tangent of float (or float tensor) column `c` in the `j`-th
+    /// tangent set, over `plan` (which carries the tangent columns): its
+    /// direction (1, or a unit tensor) for the variable itself (carried
+    /// unchanged), `None` (zero) for a column it does not flow into.
     fn tangent(&self, j: usize, c: usize, plan: &LogicalPlan) -> Result<Option<Expr>> {
-        if c == self.variables[j] {
-            Ok(Some(lit(1.0)))
+        if c == self.sets[j].0 {
+            Ok(Some(self.direction(j)?.unwrap_or(lit(1.0))))
         } else if self.moving[j].contains(&c) {
             Ok(Some(Expr::Column(column_named(
                 plan,
@@ -470,15 +572,17 @@ impl<'r> Tangents<'r> {
         let mut exprs: Vec<Expr> = columns.iter().cloned().map(Expr::Column).collect();
         let names = self.names();
         let mut names = names.iter();
-        for (&v, moving) in self.variables.iter().zip(&self.moving) {
+        for (j, moving) in self.moving.iter().enumerate() {
+            let v = self.sets[j].0;
             for &c in moving {
                 let (value, variable) = (
                     Expr::Column(columns[c].clone()),
                     Expr::Column(columns[v].clone()),
                 );
-                let tangent = match self.is_tensor(c) {
-                    true => self.marker(MarkerKind::Jvp, vec![value, variable, lit(1.0)]),
-                    false => self.marker(MarkerKind::Grad, vec![value, variable]),
+                let tangent = match (self.direction(j)?, self.is_tensor(c)) {
+                    (Some(e), _) => self.marker(MarkerKind::Jvp, vec![value, variable, e]),
+                    (None, true) => self.marker(MarkerKind::Jvp, vec![value, variable, lit(1.0)]),
+                    (None, false) => self.marker(MarkerKind::Grad, vec![value, variable]),
                 };
                 exprs.push(tangent.alias(names.next().expect("a name per tangent")));
             }

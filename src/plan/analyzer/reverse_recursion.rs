@@ -1,6 +1,7 @@
 //! Derivatives *through* `WITH RECURSIVE` in reverse mode: for tensor
-//! states and many variables, where forward mode would carry a tangent per
-//! element (see `recursion.rs` for the semantics, which are the same).
+//! variables of many elements, where forward mode would carry a tangent per
+//! element, and for derivatives asked for at few rows (see `recursion.rs`
+//! for the semantics, which are the same).
 //!
 //! The CTE's rows get the iteration that produced them
 //! ([`ITERATION_COLUMN`]) and a copy of the first row they derive from
@@ -43,7 +44,7 @@ use datafusion::logical_expr::{
     lit, Expr, ExprSchemable, Extension, LogicalPlan, Projection, RecursiveQuery,
 };
 
-use super::recursion::{carry, column_named, term_with_columns, Found};
+use super::recursion::{carry, column_named, term_with_columns, Found, MAX_DIRECTIONS};
 use crate::engine::call::{as_marker, has_marker, MarkerKind};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
@@ -55,7 +56,7 @@ use crate::plan::unalias;
 use crate::reserved::{
     adjoint_column, initial_column, reverse_column, seed_column, ITERATION_COLUMN,
 };
-use crate::tensor;
+use crate::tensor::{self, Shape};
 
 thread_local! {
     /// The `recursion_mode` setting of the analysis under way.
@@ -71,18 +72,25 @@ pub(super) fn with_mode<T>(mode: RecursionMode, analysis: impl FnOnce() -> T) ->
 }
 
 /// Whether the derivatives for `variables` through `r` are taken in
-/// reverse mode: as set, or (`auto`) where a variable is a tensor (many
-/// variables, one per element, which forward mode would carry a tangent
-/// for each of).
-pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize]) -> Result<bool> {
+/// reverse mode: as set, or (`auto`) by cost. Forward mode carries a
+/// tangent per scalar direction (each number variable, each element of a
+/// tensor variable) through every iteration: `d·T` for `d` directions and
+/// `T` iterations, whichever rows are asked for. Reverse mode replays the
+/// iterations backwards once per row asked for: `T` for the last row alone,
+/// `T²/2` for every row. So `auto` takes forward mode for number variables,
+/// and for tensor variables of at most [`MAX_DIRECTIONS`] elements in all
+/// where the derivative is asked for at every row (`every_row`: no filter
+/// or limit between the CTE and the marker); reverse mode otherwise.
+pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize], every_row: bool) -> Result<bool> {
     Ok(match MODE.with(Cell::get) {
         RecursionMode::Forward => false,
         RecursionMode::Reverse => true,
         RecursionMode::Auto => {
             let schema = r.static_term.schema();
-            variables
-                .iter()
-                .any(|&v| schema.field(v).data_type().is_nested())
+            let types = || variables.iter().map(|&v| schema.field(v).data_type());
+            let directions: Option<usize> = types().map(|t| Shape::of(t).map(Shape::size)).sum();
+            types().any(|t| t.is_nested())
+                && !(every_row && directions.is_some_and(|d| d <= MAX_DIRECTIONS))
         }
     })
 }

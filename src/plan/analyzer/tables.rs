@@ -27,11 +27,10 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, Column, NullEquality};
 use datafusion::error::Result;
-use datafusion::functions_aggregate::expr_fn::{count, sum};
+use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Expr, ExprSchemable, Join, JoinConstraint, JoinType, LogicalPlan, LogicalPlanBuilder,
-    Projection, Subquery, SubqueryAlias,
+    lit, Expr, Join, JoinConstraint, JoinType, LogicalPlan, Projection, Subquery, SubqueryAlias,
 };
 
 use super::chain_total;
@@ -113,16 +112,10 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
     // cannot run everywhere a marker can, e.g. in UPDATE): its one row's
     // value, or the typed error of a loss query with several rows.
     for (k, s) in found.losses.into_iter().enumerate() {
-        let name = Placeholder::Loss.name(k);
-        let field = s.subquery.schema().field(0);
-        let value = Expr::Column(s.subquery.schema().columns()[0].clone());
         // Its one row's value (NULL for none, as the scalar subquery's).
-        let one = sum(value);
-        let one_type = one.get_type(s.subquery.schema())?;
-        let value = RowCheck::loss(field.name()).guard(count(lit(1)), one, &one_type)?;
-        let loss = LogicalPlanBuilder::from(shared_loss(&s.subquery)?)
-            .aggregate(Vec::<Expr>::new(), vec![value.alias(&name)])?
-            .build()?;
+        let value = sum(Expr::Column(s.subquery.schema().columns()[0].clone()));
+        let loss =
+            RowCheck::one_loss_row(shared_loss(&s.subquery)?, value, &Placeholder::Loss.name(k))?;
         plan = LogicalPlan::Join(Join::try_new(
             Arc::new(plan),
             Arc::new(loss),

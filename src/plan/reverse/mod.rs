@@ -60,10 +60,6 @@ pub(crate) use row_check::plain_checks;
 
 pub(crate) use row_check::RowCheck;
 
-use datafusion::arrow::datatypes::DataType;
-use datafusion::functions_aggregate::expr_fn::count;
-use datafusion::logical_expr::{lit, LogicalPlanBuilder};
-
 use crate::error::{fail, ErrorKind};
 use crate::plan::shared::share;
 use crate::reserved::Placeholder;
@@ -119,18 +115,7 @@ pub(crate) fn gradient_table(
     // The loss's adjoint, 1, in a one-row relation that counts the loss's
     // rows and fails on more than one: every contribution reads it, so no
     // gradient of several rows' sum comes out.
-    let rows = count(lit(1)).alias(Placeholder::Stat.name(0));
-    let counted = LogicalPlanBuilder::from(loss.clone())
-        .aggregate(Vec::<Expr>::new(), vec![rows])?
-        .build()?;
-    let adjoint = RowCheck::loss(value.name()).guard(
-        Placeholder::Stat.column(0),
-        num(1.0),
-        &DataType::Float64,
-    )?;
-    let relation = LogicalPlanBuilder::from(counted)
-        .project(vec![adjoint.alias(Placeholder::Adjoint.name(0))])?
-        .build()?;
+    let relation = RowCheck::one_loss_row(loss.clone(), num(1.0), &Placeholder::Adjoint.name(0))?;
     let seed = Seed {
         relation: Some((relation, vec![])),
         terms: vec![(

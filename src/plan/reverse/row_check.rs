@@ -14,10 +14,12 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::common::tree_node::Transformed;
 use datafusion::error::Result;
+use datafusion::functions_aggregate::expr_fn::count;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
-    self as logical, lit, when, BinaryExpr, ColumnarValue, Expr, Operator, ScalarFunctionArgs,
-    ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+    self as logical, lit, when, BinaryExpr, ColumnarValue, Expr, ExprSchemable, LogicalPlan,
+    LogicalPlanBuilder, Operator, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
 };
 
 use crate::error::{fail, ErrorKind};
@@ -75,6 +77,19 @@ impl RowCheck {
     pub fn guard(self, n: Expr, value: Expr, value_type: &DataType) -> Result<Expr> {
         let check = ScalarUDF::new_from_impl(self).call(vec![n.clone()]);
         when(n.gt(lit(1i64)), logical::cast(check, value_type.clone())).otherwise(value)
+    }
+
+    /// The query `loss` (its loss is its first column) as one row, whose
+    /// column `name` is `value`, an aggregate of the loss's rows (1, the
+    /// seed of a backward pass, or the sum of one row's value): where the
+    /// query returns several rows, this check's error when it is computed.
+    pub fn one_loss_row(loss: LogicalPlan, value: Expr, name: &str) -> Result<LogicalPlan> {
+        let value_type = value.get_type(loss.schema())?;
+        let check = Self::loss(loss.schema().field(0).name());
+        let value = check.guard(count(lit(1)), value, &value_type)?;
+        LogicalPlanBuilder::from(loss)
+            .aggregate(Vec::<Expr>::new(), vec![value.alias(name)])?
+            .build()
     }
 
     /// The error's kind.
