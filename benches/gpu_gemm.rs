@@ -17,22 +17,10 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use datafusion_grad::tensor::construct::random_values;
 use datafusion_grad::tensor::cuda::{self, Operand};
 use datafusion_grad::tensor::gemm_form::Form;
 use datafusion_grad::tensor::linalg::gpu_worthwhile;
-
-/// Deterministic values in [-1, 1).
-fn data(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-        })
-        .collect()
-}
 
 /// One case: a name, the form and the product shape (m, n, k), `rows`
 /// products in the batch.
@@ -138,8 +126,8 @@ fn gpu_vs_cpu(c: &mut Criterion) {
         rows,
     } in cases()
     {
-        let a = data(rows * m * k, 3);
-        let b = data(rows * k * n, 4);
+        let a = random_values(3.0, rows * m * k);
+        let b = random_values(4.0, rows * k * n);
         let mut out = vec![0.0; rows * m * n];
         let work = m * n * k * rows;
         group.sample_size(if work >= 1 << 27 { 10 } else { 30 });

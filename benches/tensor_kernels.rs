@@ -16,28 +16,16 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use datafusion_grad::tensor::construct::random_values;
 use datafusion_grad::tensor::kernels;
-
-/// Deterministic values in [-1, 1).
-fn data(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-        })
-        .collect()
-}
 
 fn streaming(c: &mut Criterion) {
     eprintln!("tensor kernels ISA: {}", kernels::isa());
     let mut group = c.benchmark_group("stream");
     for n in [1usize << 20, 8 << 20] {
         let label = format!("{}M", n >> 20);
-        let a = data(n, 1);
-        let b = data(n, 2);
+        let a = random_values(1.0, n);
+        let b = random_values(2.0, n);
         let mut out = vec![0.0; n];
         let bytes = |arrays: usize| Throughput::Bytes((arrays * n * 8) as u64);
 
@@ -126,8 +114,8 @@ fn gemm(c: &mut Criterion) {
     let mut group = c.benchmark_group("gemm");
     for case in cases {
         let Case { name, f, m, n, k } = case;
-        let a = data(m * k, 3);
-        let b = data(k * n, 4);
+        let a = random_values(3.0, m * k);
+        let b = random_values(4.0, k * n);
         let mut out = vec![0.0; m * n];
         if m * n * k >= 256 * 256 * 256 {
             group.sample_size(20);

@@ -211,6 +211,73 @@ def matrix_literal(m):
 
 
 @pytest.mark.parametrize("mode", ["auto", "forward", "reverse"])
+def test_matrix_variable_at_every_row_matches_jax(mode):
+    # A 2x2 matrix squared and damped until its norm is small (a
+    # data-dependent stop); the gradient of each row's sum of squares with
+    # respect to the initial matrix, at every row. `auto` takes forward mode
+    # (4 directions, every row asks), which carries a tangent per element.
+    m0 = np.array([[0.9, 0.2], [-0.3, 0.8]])
+
+    def trajectory():
+        m, out = jnp.asarray(m0), [jnp.asarray(m0)]
+        while float(jnp.sum(m * m)) > 0.05 and len(out) <= 20:
+            m = 0.9 * (m @ m)
+            out.append(m)
+        return len(out)
+
+    def loss(m, k):
+        for _ in range(k):
+            m = 0.9 * (m @ m)
+        return jnp.sum(m * m)
+
+    rows = dg.SessionContext()
+    rows.sql(f"SET datafusion_grad.recursion_mode = '{mode}'").collect()
+    got = rows.sql(
+        f"""
+        WITH RECURSIVE s(step, m, m0) AS (
+          SELECT 0, m0 AS m, m0 FROM (SELECT {matrix_literal(m0)} AS m0) i
+          UNION ALL SELECT step + 1, scale(matmul(m, m), 0.9), m0 FROM s
+          WHERE tensor_total(tensor_mul(m, m)) > 0.05 AND step < 20)
+        SELECT step, grad(tensor_total(tensor_mul(m, m)), m0) AS g FROM s ORDER BY step
+        """
+    ).to_pylist()
+    assert len(got) == trajectory()
+    for row in got:
+        want = np.asarray(jax.grad(loss)(jnp.asarray(m0), row["step"]))
+        np.testing.assert_allclose(np.asarray(row["g"], dtype=float), want, rtol=1e-12)
+
+
+def test_jvp_and_vjp_of_a_vector_variable_at_every_row_match_jax():
+    # jvp along a tensor tangent and a number's tangent together (forward
+    # mode: one call, several variables), vjp with a tensor cotangent.
+    def run(v0, a, k):
+        v = v0
+        for _ in range(k):
+            v = v + 0.5 * jnp.tanh(a * v)
+        return v
+
+    v0, a = jnp.array([0.5, -0.2, 0.1]), 0.3
+    t, u = jnp.array([1.0, 2.0, -1.0]), jnp.array([0.3, -1.0, 2.0])
+    got = dg.SessionContext().sql(
+        f"""
+        WITH RECURSIVE s(step, v, v0, a) AS (
+          SELECT 0, v0 AS v, v0, {num(a)} FROM (SELECT {tensor_literal(v0)} AS v0) i
+          UNION ALL SELECT step + 1, tensor_add(v, scale(tensor_tanh(scale(v, a)), 0.5)), v0, a
+          FROM s WHERE step < 6)
+        SELECT step, jvp(norm(v), v0, {tensor_literal(t)}, a, 0.5) AS j,
+               vjp(v, v0, {tensor_literal(u)}) AS u FROM s ORDER BY step
+        """
+    ).to_pylist()
+    assert [r["step"] for r in got] == list(range(7))
+    for row in got:
+        k = row["step"]
+        _, j = jax.jvp(lambda v, b: jnp.linalg.norm(run(v, b, k)), (v0, a), (t, 0.5))
+        _, back = jax.vjp(lambda v: run(v, a, k), v0)
+        assert row["j"] == pytest.approx(float(j), rel=1e-12)
+        np.testing.assert_allclose(np.asarray(row["u"], dtype=float), back(u)[0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["auto", "forward", "reverse"])
 def test_tensor_state_sensitivity_to_a_number_matches_jax(mode):
     # A vector state driven by a matrix, v + dt·k·tanh(A v): the sensitivity
     # of the final state to the number k (one variable: `auto` takes

@@ -92,6 +92,19 @@ pub static ONE_HOT: Spec = Spec {
     },
 };
 
+/// The `n` values of `random_tensor(seed, n)`: uniform in [-1, 1), a pure
+/// function of `seed` (the data of the kernels' tests and benchmarks).
+///
+/// ```
+/// use datafusion_grad::tensor::construct::random_values;
+/// let v = random_values(1.0, 4);
+/// assert!(v.iter().all(|x| (-1.0..1.0).contains(x)));
+/// assert_eq!(v, random_values(1.0, 4));
+/// ```
+pub fn random_values(seed: f64, n: usize) -> Vec<f64> {
+    (0..n as u64).map(|j| uniform(seed.to_bits(), j)).collect()
+}
+
 /// Element `index` of the stream of `seed`: SplitMix64, mapped to [-1, 1).
 fn uniform(seed: u64, index: u64) -> f64 {
     let mut z = seed

@@ -3,6 +3,7 @@
 
 use super::gemm::{APanel, MR, NR};
 use super::*;
+use crate::tensor::construct::random_values;
 
 /// Runs `f` on the dispatched path and again with the portable path forced.
 fn both_paths(f: impl Fn()) {
@@ -17,19 +18,6 @@ fn both_paths(f: impl Fn()) {
     let _reset = Reset;
     assert_eq!(isa(), "portable");
     f();
-}
-
-/// Deterministic pseudo-random values in [-1, 1).
-fn data(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-        })
-        .collect()
 }
 
 const SIZES: &[usize] = &[0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 67, 129, 257, 1000];
@@ -52,7 +40,7 @@ fn isa_is_reported() {
 fn binary_ops_match_naive() {
     both_paths(|| {
         for &n in SIZES {
-            let (a, b) = (data(n, 1), data(n, 2));
+            let (a, b) = (random_values(1.0, n), random_values(2.0, n));
             let b: Vec<f64> = b.iter().map(|v| v + 2.0).collect();
             type Binary = fn(&[f64], &[f64], &mut [f64]);
             type Naive = fn(f64, f64) -> f64;
@@ -77,7 +65,7 @@ fn binary_ops_match_naive() {
 fn unary_ops_match_naive() {
     both_paths(|| {
         for &n in SIZES {
-            let a = data(n, 3);
+            let a = random_values(3.0, n);
             let mut out = vec![f64::NAN; n];
             scale(&a, -2.5, &mut out);
             assert!(out.iter().zip(&a).all(|(o, x)| *o == x * -2.5));
@@ -87,7 +75,7 @@ fn unary_ops_match_naive() {
             assert!(out.iter().zip(&a).all(|(o, x)| *o == x.max(0.0)));
             map(&a, &mut out, f64::exp);
             assert!(out.iter().zip(&a).all(|(o, x)| *o == x.exp()));
-            let mut y = data(n, 4);
+            let mut y = random_values(4.0, n);
             let y0 = y.clone();
             axpy(0.3, &a, &mut y);
             for i in 0..n {
@@ -103,7 +91,7 @@ fn streaming_stores_on_large_outputs() {
     // off 32-byte alignment, so the scalar head, stream body and tail run.
     both_paths(|| {
         let n = (2 << 20) + 37;
-        let (a, b) = (data(n + 1, 5), data(n + 1, 6));
+        let (a, b) = (random_values(5.0, n + 1), random_values(6.0, n + 1));
         let mut out = vec![0.0; n + 1];
         add(&a[1..], &b[1..], &mut out[1..]);
         assert!((1..=n).all(|i| out[i] == a[i] + b[i]));
@@ -118,7 +106,7 @@ fn streaming_stores_on_large_outputs() {
 fn relu_keeps_nan() {
     both_paths(|| {
         for &n in SIZES.iter().filter(|&&n| n > 0) {
-            let mut a = data(n, 7);
+            let mut a = random_values(7.0, n);
             a[n / 2] = f64::NAN;
             let mut out = vec![0.0; n];
             relu(&a, &mut out);
@@ -137,7 +125,7 @@ fn relu_keeps_nan() {
 fn reductions_match_naive() {
     both_paths(|| {
         for &n in SIZES {
-            let (a, b) = (data(n, 8), data(n, 9));
+            let (a, b) = (random_values(8.0, n), random_values(9.0, n));
             let naive_dot: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
             let abs_dot: f64 = a.iter().zip(&b).map(|(x, y)| (x * y).abs()).sum();
             assert!(close(dot(&a, &b), naive_dot, abs_dot), "dot n={n}");
@@ -159,7 +147,7 @@ fn max_propagates_nan_anywhere() {
     both_paths(|| {
         for &n in SIZES.iter().filter(|&&n| n > 0) {
             for pos in [0, n / 2, n - 1] {
-                let mut a = data(n, 10);
+                let mut a = random_values(10.0, n);
                 a[pos] = f64::NAN;
                 assert!(max(&a).is_nan(), "n={n} pos={pos}");
             }
@@ -179,7 +167,7 @@ fn transpose_outer_matvec_match_naive() {
             (129, 8),
             (64, 257),
         ] {
-            let a = data(r * c, 11);
+            let a = random_values(11.0, r * c);
             let mut t = vec![f64::NAN; r * c];
             transpose(r, c, &a, &mut t);
             for i in 0..r {
@@ -187,7 +175,7 @@ fn transpose_outer_matvec_match_naive() {
                     assert_eq!(t[j * r + i], a[i * c + j]);
                 }
             }
-            let (u, v) = (data(r, 12), data(c, 13));
+            let (u, v) = (random_values(12.0, r), random_values(13.0, c));
             let mut o = vec![f64::NAN; r * c];
             outer(&u, &v, &mut o);
             for i in 0..r {
@@ -256,8 +244,8 @@ const SHAPES: &[(usize, usize, usize)] = &[
 fn gemm_variants_match_naive() {
     both_paths(|| {
         for &(m, n, k) in SHAPES {
-            let (a, b) = (data(m * k, 14), data(k * n, 15));
-            let c0 = data(m * n, 16);
+            let (a, b) = (random_values(14.0, m * k), random_values(15.0, k * n));
+            let c0 = random_values(16.0, m * n);
             type Gemm = fn(usize, usize, usize, &[f64], &[f64], &mut [f64], bool);
             let variants: [(&str, Gemm, bool, bool); 3] = [
                 ("gemm", gemm, false, false),
@@ -293,7 +281,7 @@ fn gemm_edge_tiles_leave_neighbours_alone() {
     // check the blocked path never writes outside C by surrounding it.
     both_paths(|| {
         let (m, n, k) = (37, 29, 70);
-        let (a, b) = (data(m * k, 17), data(k * n, 18));
+        let (a, b) = (random_values(17.0, m * k), random_values(18.0, k * n));
         let mut buf = vec![7.0; m * n + 16];
         gemm(m, n, k, &a, &b, &mut buf[8..8 + m * n], false);
         assert!(buf[..8].iter().chain(&buf[8 + m * n..]).all(|&v| v == 7.0));
@@ -302,7 +290,7 @@ fn gemm_edge_tiles_leave_neighbours_alone() {
 
 #[test]
 fn portable_variants_directly() {
-    let (a, b) = (data(33, 19), data(33, 20));
+    let (a, b) = (random_values(19.0, 33), random_values(20.0, 33));
     let mut out = vec![0.0; 33];
     portable::add(&a, &b, &mut out);
     assert!(out
@@ -312,7 +300,7 @@ fn portable_variants_directly() {
     let naive: f64 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
     assert!(close(portable::dot(&a, &b), naive, 33.0));
     let mut tile = [0.0; MR * NR];
-    let (pa, pb) = (data(3 * MR, 21), data(3 * NR, 22));
+    let (pa, pb) = (random_values(21.0, 3 * MR), random_values(22.0, 3 * NR));
     let ap = APanel {
         ptr: pa.as_ptr(),
         rs: 1,
