@@ -1,5 +1,5 @@
-//! Every SQL snippet of README.md runs, so the README cannot drift from
-//! what the code does (issue 26).
+//! Every SQL snippet of README.md and of the reference pages in docs/ runs,
+//! so the documentation cannot drift from what the code does (issues 26, 46).
 //!
 //! - Each ```` ```sql ```` block (also one indented in a list item) is run by
 //!   `dfgrad -f` in a fresh session and must succeed — unless the line just
@@ -13,16 +13,41 @@ use std::process::Command;
 
 use crate::common::{assert_one_error_line, path_str, piped};
 
-const README: &str = include_str!("../README.md");
+/// A page's path in the repository, with its text.
+macro_rules! page {
+    ($path:literal) => {
+        ($path, include_str!(concat!("../", $path)))
+    };
+}
 
-/// The command prefix of the README's console examples, and what runs it here.
+/// Every page whose examples are checked, with its path for error locations:
+/// the README and each page of `docs/` (`every_docs_page_is_checked` fails
+/// if a page of `docs/` is missing here).
+const PAGES: &[(&str, &str)] = &[
+    page!("README.md"),
+    page!("docs/README.md"),
+    page!("docs/sql-reference.md"),
+    page!("docs/relational.md"),
+    page!("docs/recursion.md"),
+    page!("docs/tensors.md"),
+    page!("docs/export.md"),
+    page!("docs/python.md"),
+    page!("docs/cli.md"),
+    page!("docs/ballista.md"),
+    page!("docs/errors.md"),
+    // Measurement records: no `sql` or `console` block today (its commands
+    // are `sh` blocks, not run here), but one added later runs like the rest.
+    page!("docs/benchmarks.md"),
+];
+
+/// The command prefix of the pages' console examples, and what runs it here.
 const CARGO_RUN: &str = "cargo run --release --bin dfgrad --";
 
-/// A fenced block of the README.
+/// A fenced block of a page.
 #[derive(Debug)]
 struct Block {
-    /// The line of its opening fence (1-based).
-    line: usize,
+    /// Where its opening fence is: `page:line` (1-based).
+    at: String,
     /// Its language (`sql`, `console`, …).
     lang: String,
     /// Its text, without the fence's indentation.
@@ -31,8 +56,16 @@ struct Block {
     fails: Option<String>,
 }
 
-/// The fenced blocks of `markdown`.
-fn blocks(markdown: &str) -> Vec<Block> {
+/// The fenced blocks of every page in [`PAGES`].
+fn all_blocks() -> Vec<Block> {
+    PAGES
+        .iter()
+        .flat_map(|(page, markdown)| blocks(page, markdown))
+        .collect()
+}
+
+/// The fenced blocks of `markdown`, the text of `page`.
+fn blocks(page: &str, markdown: &str) -> Vec<Block> {
     let lines: Vec<&str> = markdown.lines().collect();
     let mut blocks = Vec::new();
     let mut i = 0;
@@ -59,9 +92,9 @@ fn blocks(markdown: &str) -> Vec<Block> {
             text.push('\n');
             i += 1;
         }
-        assert!(i < lines.len(), "README.md:{}: unclosed block", start + 1);
+        assert!(i < lines.len(), "{page}:{}: unclosed block", start + 1);
         blocks.push(Block {
-            line: start + 1,
+            at: format!("{page}:{}", start + 1),
             lang: lang.trim().to_string(),
             text,
             fails,
@@ -73,18 +106,18 @@ fn blocks(markdown: &str) -> Vec<Block> {
 
 #[test]
 fn every_sql_block_runs() {
-    let sql: Vec<Block> = blocks(README)
+    let sql: Vec<Block> = all_blocks()
         .into_iter()
         .filter(|b| b.lang == "sql")
         .collect();
     assert!(sql.len() >= 4, "too few SQL blocks found: {sql:?}");
     assert!(sql.iter().any(|b| b.fails.is_some()), "{sql:?}");
     let dir = tempfile::tempdir().unwrap();
-    for block in &sql {
-        let file = dir.path().join(format!("block{}.sql", block.line));
+    for (n, block) in sql.iter().enumerate() {
+        let file = dir.path().join(format!("block{n}.sql"));
         std::fs::write(&file, &block.text).unwrap();
         let run = piped(&["-q", "--format", "csv", "-f", path_str(&file)], "");
-        let at = format!("README.md:{}", block.line);
+        let at = &block.at;
         match &block.fails {
             None => assert!(
                 run.status.success(),
@@ -107,7 +140,7 @@ fn every_sql_block_runs() {
 
 #[test]
 fn every_console_example_prints_what_it_shows() {
-    let console: Vec<Block> = blocks(README)
+    let console: Vec<Block> = all_blocks()
         .into_iter()
         .filter(|b| b.lang == "console")
         .collect();
@@ -115,7 +148,7 @@ fn every_console_example_prints_what_it_shows() {
     let mut commands = 0;
     for block in &console {
         for (command, shown) in examples(&block.text) {
-            let at = format!("README.md:{}", block.line);
+            let at = &block.at;
             let args = command
                 .strip_prefix(CARGO_RUN)
                 .unwrap_or_else(|| panic!("{at}: a console example runs `{CARGO_RUN}`"));
@@ -169,8 +202,10 @@ fn examples(text: &str) -> Vec<(String, Vec<String>)> {
 #[test]
 fn blocks_are_found_with_their_marks() {
     let text = "a\n<!-- fails: [kind] -->\n  ```sql\n  SELECT 1;\n    x\n  ```\n```console\n$ cmd \"a\nb\"\nout\n```\n";
-    let found = blocks(text);
+    let found = blocks("page.md", text);
     assert_eq!(found.len(), 2);
+    assert_eq!(found[0].at, "page.md:3");
+    assert_eq!(found[1].at, "page.md:7");
     assert_eq!(found[0].lang, "sql");
     assert_eq!(found[0].text, "SELECT 1;\n  x\n");
     assert_eq!(found[0].fails.as_deref(), Some("[kind]"));
@@ -178,5 +213,29 @@ fn blocks_are_found_with_their_marks() {
     assert_eq!(
         examples(&found[1].text),
         vec![("cmd \"a\nb\"".to_string(), vec!["out".to_string()])]
+    );
+}
+
+/// Every page of `docs/` is in [`PAGES`], so none has examples left unrun.
+#[test]
+fn every_docs_page_is_checked() {
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let mut pages = 0;
+    for entry in std::fs::read_dir(&docs).unwrap() {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if !name.ends_with(".md") {
+            continue;
+        }
+        let page = format!("docs/{name}");
+        assert!(
+            PAGES.iter().any(|(p, _)| *p == page),
+            "{page} is not in tests/readme.rs's PAGES: its examples would not run"
+        );
+        pages += 1;
+    }
+    assert_eq!(
+        pages + 1,
+        PAGES.len(),
+        "PAGES names a page that is not there"
     );
 }
