@@ -30,7 +30,8 @@
 //! | foundation | [`error`], `reserved`, [`options`] | typed errors, the reserved `__dfgrad…` names, settings |
 //! | primitives | [`tensor`], [`rules`] | tensor kernels and functions; the derivative rule of each primitive (a table, like JAX's jvp registry) |
 //! | engine | [`engine`] | differentiates one expression over a hash-consed DAG, reverse or forward mode, shared parts bound once |
-//! | plan | [`plan`] | the analyzer rule and the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, broadcast, loop-invariant data, relational reverse mode, shared subplans) |
+//! | plan, exec | [`plan`], [`exec`] | what a derivative *is*: the analyzer rule, the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, relational reverse mode, recursion) and our logical nodes; how it *runs*: our operators and physical rules (broadcast aggregates, loop-invariant data, shared subplans, loops, the adjoint replay, gradient tables). Neither uses the other |
+//! | physical planning | [`physical_planner`] | our logical nodes planned as our operators: the one module that knows both |
 //! | frontends | [`marker`], [`table_factor`], [`export`], `substrait` (feature) | the SQL functions, `grad(loss, tbl.col)` in FROM, SQL text export, Substrait |
 //! | installation | this crate root: [`register`], [`session_context`] | everything installed into a `SessionContext` |
 //! | on top | `ballista` (feature), `dfgrad` (binary), the Python package | distributed execution, the CLI, Python |
@@ -49,8 +50,12 @@ pub mod tensor;
 // engine
 pub mod engine;
 
-// plan-level rewrites
+// what a derivative is, and how it runs
+pub mod exec;
 pub mod plan;
+
+// our logical nodes planned as our operators
+pub mod physical_planner;
 
 // frontends
 #[cfg(feature = "ballista")]
@@ -75,18 +80,18 @@ pub use plan::bindings::inline_common_subexpressions;
 pub use rules::{Call, DerivativeRule, Partial, Rules};
 
 use engine::call::{Marker, MarkerKind, SharedRules};
+pub use exec::broadcast_aggregate::BroadcastAggregate;
+pub use exec::loop_invariant::LoopInvariants;
+pub use exec::serial_iterations::SerialIterations;
+pub use exec::step_projections::StepProjections;
 pub use plan::analyzer::{GradAnalyzer, GradBeforeOptimizing};
-pub use plan::broadcast::BroadcastAggregate;
 pub use plan::dml::InlineUpdates;
-pub use plan::invariant::LoopInvariants;
-pub use plan::serial_iterations::SerialIterations;
-pub use plan::step_projections::StepProjections;
 
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
 /// ([`tensor`]), the analyzer rule, the planner rules ([`plan::dml`],
-/// [`plan::broadcast`], [`plan::invariant`], [`plan::serial_iterations`],
-/// [`plan::step_projections`]) and the query planner of shared subplans
-/// ([`plan::shared`]) into `ctx`, with the built-in derivative rules. The
+/// [`exec::broadcast_aggregate`], [`exec::loop_invariant`],
+/// [`exec::serial_iterations`], [`exec::step_projections`]) and the query
+/// planner of our logical nodes ([`physical_planner`]) into `ctx`, with the built-in derivative rules. The
 /// query planner replaces `ctx`'s: DataFusion's default planner, plus the
 /// shared subplans.
 pub fn register(ctx: &SessionContext) {
@@ -120,7 +125,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
             .with_physical_optimizer_rule(Arc::new(BroadcastAggregate::default()))
             .with_physical_optimizer_rule(Arc::new(SerialIterations))
             .with_physical_optimizer_rule(Arc::new(StepProjections))
-            .with_query_planner(Arc::new(plan::shared::SharingPlanner))
+            .with_query_planner(Arc::new(physical_planner::SharingPlanner))
             .build();
 }
 

@@ -361,7 +361,7 @@ async fn user_rule_for_own_udf() {
 
 /// The iterations a session's `IterationProgress` saw while `sql` ran.
 async fn progress_of(sql: &str) -> Result<Vec<(u64, u64)>> {
-    use datafusion_grad::plan::iterations::{Iteration, IterationProgress};
+    use datafusion_grad::exec::iterations::{Iteration, IterationProgress};
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = Arc::clone(&seen);
     let watch = IterationProgress(Arc::new(move |i: Iteration| {

@@ -1,4 +1,4 @@
-//! Broadcast aggregation (`datafusion_grad::plan::broadcast`): every query gives the
+//! Broadcast aggregation (`datafusion_grad::exec::broadcast_aggregate`): every query gives the
 //! same rows with the rule (our session) as in a stock DataFusion session,
 //! and the rule replaces exactly the aggregates whose keys are left columns
 //! of a cross join.

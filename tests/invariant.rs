@@ -1,4 +1,4 @@
-//! Loop-invariant data of recursive queries (`datafusion_grad::plan::invariant`):
+//! Loop-invariant data of recursive queries (`datafusion_grad::exec::loop_invariant`):
 //! every loop gives the same rows with the data kept as when it is read in
 //! every iteration (`datafusion_grad.cache_loop_invariants = false`), the data
 //! side is computed in one iteration only (counted by a function it calls),

@@ -1,4 +1,4 @@
-//! Shared subplans (`datafusion_grad::plan::shared`): relational reverse mode
+//! Shared subplans (`datafusion_grad::exec::shared`): relational reverse mode
 //! computes each forward aggregate once, however often its backward pass
 //! reads it. (A result too large for the memory pool: the unit tests of
 //! `src/plan/shared.rs`.)
@@ -10,7 +10,7 @@ use datafusion::arrow::array::{Float64Array, Int64Array};
 use datafusion::error::Result;
 use datafusion::physical_plan::{collect, displayable, ExecutionPlan};
 use datafusion::prelude::*;
-use datafusion_grad::plan::shared::SharedExec;
+use datafusion_grad::exec::shared::SharedExec;
 
 /// X (6 x 3) · W (3 x 2) as join + SUM; loss sum(Y²); ∂loss/∂W = 2 XᵀY.
 pub(crate) const SETUP: &[&str] = &[

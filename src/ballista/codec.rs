@@ -21,8 +21,8 @@ use datafusion_proto::protobuf::PhysicalPlanNode;
 use prost::Message;
 
 use super::kept::KeptOnExecutorsExec;
-use crate::plan::broadcast::BroadcastAggregateExec;
-use crate::plan::only_child;
+use crate::exec::broadcast_aggregate::BroadcastAggregateExec;
+use crate::exec::only_child;
 
 /// What an encoded [`KeptOnExecutorsExec`] starts with (its run key follows):
 /// a protobuf message (what Ballista's codec writes) never starts with a

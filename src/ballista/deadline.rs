@@ -27,7 +27,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use crate::error::{ErrorKind, GradError};
-use crate::plan::only_child;
+use crate::exec::only_child;
 
 /// Runs its child, failing with [`ErrorKind::ClusterTimeout`] when a
 /// partition's stream has not ended `timeout` after `execute`.

@@ -15,8 +15,8 @@ use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMerge
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::kept::KeptOnExecutorsExec;
+use crate::exec::loop_invariant::is_invariant;
 use crate::options::GradOptions;
-use crate::plan::invariant::is_invariant;
 
 /// In a query the client runs for one iteration of a recursive query (the
 /// setting `datafusion_grad.ballista_loop_run` names the run), puts each

@@ -3,7 +3,7 @@
 //! On Ballista the client runs each iteration of a recursive query as a
 //! distributed query of its own ([`super::recursion`]), so without help every
 //! iteration reads and decodes the loop's data again, as DataFusion does
-//! without [`crate::plan::invariant`]. The client names the queries of one
+//! without [`crate::exec::loop_invariant`]. The client names the queries of one
 //! run of a recursive query with a run key (the setting
 //! `datafusion_grad.ballista_loop_run`, set for them only); the scheduler's
 //! physical optimizer rule [`KeepOnExecutors`](super::keep::KeepOnExecutors)
@@ -47,9 +47,9 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
+use crate::exec::loop_invariant::replay;
 use crate::options::GradOptions;
-use crate::plan::invariant::replay;
-use crate::plan::only_child;
+use crate::exec::only_child;
 
 /// Seconds after which a kept partition nobody read is dropped.
 pub const IDLE_SECONDS: u64 = 60;

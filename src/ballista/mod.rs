@@ -53,9 +53,9 @@ use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::execution::FunctionRegistry;
 use datafusion::prelude::{SessionConfig, SessionContext};
 
+use crate::exec::broadcast_aggregate::BroadcastAggregate;
 use crate::options::GradOptions;
 use crate::plan::analyzer::with_rewrite_rules;
-use crate::plan::broadcast::BroadcastAggregate;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 
 /// The configuration of every Ballista session of ours (client, scheduler,

@@ -46,10 +46,11 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use super::deadline::DeadlineExec;
+use crate::exec::iterate::Seen;
+use crate::exec::iterations::IterationLimit;
 use crate::options::GradOptions;
-use crate::plan::adjoint_loop::{AdjointLoop, AdjointLoopPlanner};
-use crate::plan::iterate::Seen;
-use crate::plan::iterations::IterationLimit;
+use crate::physical_planner::AdjointLoopPlanner;
+use crate::plan::adjoint_loop::AdjointLoop;
 
 /// A query planner that evaluates recursive queries on the client, one
 /// query of `inner` (Ballista's planner) per iteration, and plans the rest

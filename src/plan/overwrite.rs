@@ -6,7 +6,7 @@
 //! table joined to the rows ([`crate::plan::analyzer`]'s `tables`). So the
 //! statement is planned here as an [`Overwrite`]: its input computes every
 //! row of the table — the rows the `WHERE` clause selects with their new
-//! values, the others as they are — and [`OverwriteExec`] replaces the
+//! values, the others as they are — and [`OverwriteExec`](crate::exec::overwrite::OverwriteExec) replaces the
 //! contents of the (in-memory) table with them once all are computed, so
 //! every row's gradient is of the loss *before* the step, as in one step of
 //! gradient descent. It returns the number of rows updated, as `UPDATE`
@@ -21,31 +21,17 @@
 use std::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use datafusion::arrow::array::{Array, BooleanArray, RecordBatch, UInt64Array};
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::catalog::{MemTable, Session, TableProvider};
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{internal_err, DFSchemaRef, TableReference};
-use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
-use datafusion::execution::TaskContext;
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     lit, DmlStatement, Expr, Extension, LogicalPlan, LogicalPlanBuilder, TableSource,
-    UserDefinedLogicalNode, UserDefinedLogicalNodeCore, WriteOp,
+    UserDefinedLogicalNodeCore, WriteOp,
 };
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    collect, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-};
-use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
 
-use super::only_child;
 use crate::error::{fail, ErrorKind};
+use crate::plan::columns;
 use crate::plan::dml::joins_gradient_table;
-use crate::plan::{columns, one_final_partition};
 use crate::reserved::UPDATED;
 
 /// Whether `plan` holds an `UPDATE` whose input joins a gradient table.
@@ -73,10 +59,10 @@ pub(crate) fn overwrite_updates(plan: LogicalPlan) -> Result<LogicalPlan> {
 /// contents; one row out, the number of rows updated.
 #[derive(Clone)]
 pub struct Overwrite {
-    table_name: TableReference,
-    target: Arc<dyn TableSource>,
-    input: LogicalPlan,
-    schema: DFSchemaRef,
+    pub(crate) table_name: TableReference,
+    pub(crate) target: Arc<dyn TableSource>,
+    pub(crate) input: LogicalPlan,
+    pub(crate) schema: DFSchemaRef,
 }
 
 impl Overwrite {
@@ -197,159 +183,4 @@ impl UserDefinedLogicalNodeCore for Overwrite {
             _ => internal_err!("Overwrite has one input and no expressions"),
         }
     }
-}
-
-/// Plans [`Overwrite`] nodes as [`OverwriteExec`]s.
-#[derive(Debug, Default)]
-pub struct OverwritePlanner;
-
-#[async_trait]
-impl ExtensionPlanner for OverwritePlanner {
-    async fn plan_extension(
-        &self,
-        _planner: &dyn PhysicalPlanner,
-        node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
-        physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
-        _planning_ctx: &PhysicalPlanningContext,
-    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(node) = node.as_any().downcast_ref::<Overwrite>() else {
-            return Ok(None);
-        };
-        let [input] = physical_inputs else {
-            return internal_err!("Overwrite has one input");
-        };
-        let table = source_as_provider(&node.target)?;
-        if !table.is::<MemTable>() {
-            return fail(
-                ErrorKind::NeedsPlanContext,
-                format!(
-                    "UPDATE {} with a derivative with respect to the table's rows replaces its \
-                     contents, which datafusion-grad does for in-memory tables only; write the \
-                     step as `CREATE OR REPLACE TABLE … AS SELECT` instead",
-                    node.table_name
-                ),
-            );
-        }
-        let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
-        Ok(Some(Arc::new(OverwriteExec {
-            properties: one_final_partition(&schema),
-            input: Arc::clone(input),
-            table,
-            schema,
-        })))
-    }
-}
-
-/// Computes every row of its input, then makes them the contents of the
-/// in-memory table; see the [module docs](self).
-#[derive(Debug)]
-pub struct OverwriteExec {
-    input: Arc<dyn ExecutionPlan>,
-    table: Arc<dyn TableProvider>,
-    schema: SchemaRef,
-    properties: Arc<PlanProperties>,
-}
-
-impl DisplayAs for OverwriteExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "OverwriteExec")
-    }
-}
-
-impl ExecutionPlan for OverwriteExec {
-    fn name(&self) -> &str {
-        "OverwriteExec"
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "OverwriteExec")?;
-        Ok(Arc::new(Self {
-            input,
-            table: Arc::clone(&self.table),
-            schema: Arc::clone(&self.schema),
-            properties: Arc::clone(&self.properties),
-        }))
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return internal_err!("OverwriteExec has one partition");
-        }
-        let (input, table, schema) = (
-            Arc::clone(&self.input),
-            Arc::clone(&self.table),
-            Arc::clone(&self.schema),
-        );
-        let out = Arc::clone(&schema);
-        let done = futures::stream::once(async move {
-            let rows = collect(input, context).await?;
-            let count = replace_contents(table.as_ref(), rows).await?;
-            Ok(RecordBatch::try_new(
-                out,
-                vec![Arc::new(UInt64Array::from(vec![count]))],
-            )?)
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, done)))
-    }
-}
-
-/// Makes `rows` (the table's columns, then the updated flag) the contents
-/// of `table`, spread over its partitions; the number of rows updated.
-async fn replace_contents(table: &dyn TableProvider, rows: Vec<RecordBatch>) -> Result<u64> {
-    let Some(memory) = table.downcast_ref::<MemTable>() else {
-        return internal_err!("OverwriteExec writes an in-memory table");
-    };
-    let schema = memory.schema();
-    let width = schema.fields().len();
-    let mut count = 0u64;
-    let mut contents = Vec::with_capacity(rows.len());
-    for batch in rows {
-        let Some(flag) = batch.column(width).as_any().downcast_ref::<BooleanArray>() else {
-            return internal_err!("the updated flag is Boolean");
-        };
-        count += flag.true_count() as u64;
-        if batch.num_rows() > 0 {
-            contents.push(RecordBatch::try_new(
-                Arc::clone(&schema),
-                batch.columns()[..width].to_vec(),
-            )?);
-        }
-    }
-    let partitions = memory.batches.len();
-    if partitions == 0 {
-        return internal_err!("an in-memory table has at least one partition");
-    }
-    let mut spread = vec![Vec::new(); partitions];
-    for (i, batch) in contents.into_iter().enumerate() {
-        spread[i % partitions].push(batch);
-    }
-    for (partition, batches) in memory.batches.iter().zip(spread) {
-        *partition.write().await = batches;
-    }
-    memory.sort_order.lock().clear();
-    Ok(count)
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datafusion::prelude::SessionConfig;
-use datafusion_grad::plan::iterations::{Iteration, IterationProgress};
+use datafusion_grad::exec::iterations::{Iteration, IterationProgress};
 
 /// How often the line is redrawn.
 const EVERY: Duration = Duration::from_millis(200);

@@ -10,7 +10,7 @@
 //! exported SQL and Ballista run). Hash-aggregating all those rows into as
 //! many groups as the relation has rows cost more than the forward query.
 //!
-//! [`GroupJoinExec`] does it the way a hash join does: it builds a hash
+//! [`GroupJoinExec`](crate::exec::group_join::GroupJoinExec) does it the way a hash join does: it builds a hash
 //! table over the parameter rows' identities (failing, typed, on a
 //! repeated one), probes it with every partition of the contributions on
 //! its own task, each adding into its own vector of sums, and adds those
@@ -24,38 +24,17 @@
 use std::fmt;
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{concat_batches, take_record_batch};
-use datafusion::arrow::datatypes::{DataType, Field, SchemaRef};
-use datafusion::catalog::Session;
-use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{
-    internal_err, Column, DFSchema, DFSchemaRef, DataFusionError, TableReference,
-};
+use datafusion::arrow::datatypes::{DataType, Field};
+use datafusion::common::{internal_err, Column, DFSchema, DFSchemaRef, TableReference};
 use datafusion::error::Result;
-use datafusion::execution::memory_pool::MemoryConsumer;
-use datafusion::execution::TaskContext;
-use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{
     cast, lit, Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder,
-    UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+    UserDefinedLogicalNodeCore,
 };
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    collect, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
-    SendableRecordBatchStream,
-};
-use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
-use futures::{StreamExt, TryStreamExt};
 
 use super::backward::{aggregate, rename, sum};
 use super::row_check::RowCheck;
-use super::row_index::RowIndex;
-use crate::plan::{columns, left_join_by_identity, one_final_partition};
+use crate::plan::{columns, left_join_by_identity};
 use crate::reserved::{Placeholder, GRADIENT};
 use crate::rules::num;
 
@@ -65,17 +44,17 @@ use crate::rules::num;
 /// contributions of its identity (0 if none); see the [module docs](self).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct GroupJoin {
-    rows: LogicalPlan,
+    pub(crate) rows: LogicalPlan,
     /// The columns of `rows` that are the identity, in the keys' order.
-    identity: Vec<usize>,
-    contributions: LogicalPlan,
+    pub(crate) identity: Vec<usize>,
+    pub(crate) contributions: LogicalPlan,
     /// `None`: `rows` are the identities alone and the output is the
     /// gradient table; else the output is `rows` with the gradient as a
     /// column of this relation, as if joined to the gradient table.
-    joined_as: Option<TableReference>,
+    pub(crate) joined_as: Option<TableReference>,
     /// The parameter relation and its identity columns, as messages name them.
-    names: (String, Vec<String>),
-    schema: DFSchemaRef,
+    pub(crate) names: (String, Vec<String>),
+    pub(crate) schema: DFSchemaRef,
 }
 
 impl GroupJoin {
@@ -235,7 +214,7 @@ impl GroupJoin {
     }
 
     /// The check that fails on a repeated identity.
-    fn check(&self) -> RowCheck {
+    pub(crate) fn check(&self) -> RowCheck {
         RowCheck::identity(&self.names.0, &self.names.1)
     }
 }
@@ -313,189 +292,5 @@ impl UserDefinedLogicalNodeCore for GroupJoin {
             }),
             _ => internal_err!("GroupJoin has two inputs and no expressions"),
         }
-    }
-}
-
-/// Plans [`GroupJoin`] nodes as [`GroupJoinExec`]s.
-#[derive(Debug, Default)]
-pub struct GroupJoinPlanner;
-
-#[async_trait]
-impl ExtensionPlanner for GroupJoinPlanner {
-    async fn plan_extension(
-        &self,
-        _planner: &dyn PhysicalPlanner,
-        node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
-        physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
-        _planning_ctx: &PhysicalPlanningContext,
-    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(node) = node.as_any().downcast_ref::<GroupJoin>() else {
-            return Ok(None);
-        };
-        let [rows, contributions] = physical_inputs else {
-            return internal_err!("GroupJoin has two inputs");
-        };
-        let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
-        Ok(Some(Arc::new(GroupJoinExec {
-            properties: one_final_partition(&schema),
-            rows: Arc::clone(rows),
-            contributions: Arc::clone(contributions),
-            check: Arc::new(node.check()),
-            identity: node.identity.clone(),
-            schema,
-            metrics: ExecutionPlanMetricsSet::new(),
-        })))
-    }
-}
-
-/// Sums the contributions into the parameter rows through a hash table
-/// over the rows' identities; see the [module docs](self).
-#[derive(Debug)]
-pub struct GroupJoinExec {
-    rows: Arc<dyn ExecutionPlan>,
-    contributions: Arc<dyn ExecutionPlan>,
-    check: Arc<RowCheck>,
-    /// The columns of `rows` that are the identity.
-    identity: Vec<usize>,
-    schema: SchemaRef,
-    properties: Arc<PlanProperties>,
-    metrics: ExecutionPlanMetricsSet,
-}
-
-impl DisplayAs for GroupJoinExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "GroupJoinExec")
-    }
-}
-
-impl ExecutionPlan for GroupJoinExec {
-    fn name(&self) -> &str {
-        "GroupJoinExec"
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.rows, &self.contributions]
-    }
-
-    /// Every input partition is read here, each on its own task: a
-    /// repartitioning in front would only copy rows.
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false, false]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 2]>::try_from(children) {
-            Ok([rows, contributions]) => Ok(Arc::new(Self {
-                rows,
-                contributions,
-                check: Arc::clone(&self.check),
-                identity: self.identity.clone(),
-                schema: Arc::clone(&self.schema),
-                properties: Arc::clone(&self.properties),
-                metrics: ExecutionPlanMetricsSet::new(),
-            })),
-            Err(_) => internal_err!("GroupJoinExec has two children"),
-        }
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return internal_err!("GroupJoinExec has one partition");
-        }
-        let (rows, contributions, check, schema) = (
-            Arc::clone(&self.rows),
-            Arc::clone(&self.contributions),
-            Arc::clone(&self.check),
-            Arc::clone(&self.schema),
-        );
-        let identity = self.identity.clone();
-        let metrics = BaselineMetrics::new(&self.metrics, partition);
-        let batch_size = context.session_config().batch_size();
-        let out = Arc::clone(&schema);
-        let output = async move {
-            let reservation = MemoryConsumer::new("GroupJoinExec").register(context.memory_pool());
-            let rows = concat_batches(&rows.schema(), &collect(rows, Arc::clone(&context)).await?)?;
-            reservation.try_grow(rows.get_array_memory_size())?;
-            let time = metrics.elapsed_compute().clone();
-            let index = {
-                let _timer = time.timer();
-                let keys = identity
-                    .iter()
-                    .map(|&i| Arc::clone(rows.column(i)))
-                    .collect();
-                Arc::new(RowIndex::build(keys, rows.num_rows(), &check, reservation)?)
-            };
-            let tasks: Vec<_> = (0..contributions.output_partitioning().partition_count())
-                .map(|p| {
-                    let stream = contributions.execute(p, Arc::clone(&context));
-                    let (index, time) = (Arc::clone(&index), time.clone());
-                    SpawnedTask::spawn(async move {
-                        let mut stream = stream?;
-                        let mut sums = index.sums()?;
-                        while let Some(batch) = stream.next().await {
-                            let _timer = time.timer();
-                            index.add(&batch?, &mut sums.values)?;
-                        }
-                        Ok::<_, DataFusionError>(sums)
-                    })
-                })
-                .collect();
-            let mut total = index.sums()?;
-            for task in tasks {
-                let sums = task
-                    .join_unwind()
-                    .await
-                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
-                let _timer = time.timer();
-                total
-                    .values
-                    .iter_mut()
-                    .zip(&sums.values)
-                    .for_each(|(t, s)| *t += s);
-            }
-            let mut columns = rows.columns().to_vec();
-            columns
-                .push(Arc::new(Float64Array::from(std::mem::take(&mut total.values))) as ArrayRef);
-            let all = RecordBatch::try_new(out, columns)?;
-            metrics.record_output(all.num_rows());
-            metrics.done();
-            // Batches of their own, copied as they are read: slices of one
-            // large batch each count as all of it in a consumer's memory
-            // accounting.
-            let batches = (0..all.num_rows())
-                .step_by(batch_size.max(1))
-                .map(move |start| {
-                    let end = all.num_rows().min(start + batch_size);
-                    let indices = UInt32Array::from_iter_values(start as u32..end as u32);
-                    Ok(take_record_batch(&all, &indices)?)
-                });
-            Ok::<_, DataFusionError>(futures::stream::iter(batches))
-        };
-        let stream = futures::stream::once(output).try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
     }
 }

@@ -39,7 +39,6 @@ mod backward;
 mod block;
 mod group_join;
 mod row_check;
-mod row_index;
 
 use std::sync::Arc;
 
@@ -53,7 +52,7 @@ use datafusion::optimizer::{Optimizer, OptimizerContext, OptimizerRule};
 use backward::{Backward, Seed};
 #[cfg(feature = "ballista")]
 pub(crate) use group_join::plain_group_joins;
-pub(crate) use group_join::{as_group_join, GroupJoin, GroupJoinPlanner};
+pub(crate) use group_join::{as_group_join, GroupJoin};
 pub(crate) use row_check::plain_check;
 #[cfg(feature = "ballista")]
 pub(crate) use row_check::plain_checks;

@@ -43,8 +43,8 @@ use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 
-use super::invariant::{reads_iterations, reads_iterations_here};
 use super::iterate::IterateExec;
+use super::loop_invariant::{reads_iterations, reads_iterations_here};
 use super::{dealt, rewrite_recursive_terms};
 use crate::options::GradOptions;
 

@@ -19,8 +19,17 @@ use datafusion::common::{internal_err, HashMap};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use super::row_check::RowCheck;
 use crate::error::{fail, ErrorKind};
+
+/// The typed error two parameter rows with one identity raise (the
+/// duplicate-rows check of the gradient table's planner).
+#[derive(Debug, Clone)]
+pub struct Duplicate {
+    /// The error's kind.
+    pub kind: ErrorKind,
+    /// Its message: what is not one row, and how to write it.
+    pub message: String,
+}
 
 /// No row (an empty slot, the end of a chain).
 const NONE: u32 = u32::MAX;
@@ -71,7 +80,7 @@ impl RowIndex {
     pub fn build(
         keys: Vec<ArrayRef>,
         rows: usize,
-        check: &RowCheck,
+        check: &Duplicate,
         reservation: MemoryReservation,
     ) -> Result<Self> {
         if rows >= NONE as usize {
@@ -182,7 +191,7 @@ impl RowIndex {
 fn numbered(
     keys: &[ArrayRef],
     rows: usize,
-    check: &RowCheck,
+    check: &Duplicate,
     reservation: &MemoryReservation,
 ) -> Result<Option<Lookup>> {
     if rows == 0
@@ -226,7 +235,7 @@ fn numbered(
             .sum();
         let slot = &mut slots[slot as usize];
         if *slot != NONE {
-            return fail(check.kind(), check.message());
+            return fail(check.kind, check.message.clone());
         }
         *slot = row as u32;
     }
@@ -242,7 +251,7 @@ fn numbered(
 fn hashed(
     keys: &[ArrayRef],
     rows: usize,
-    check: &RowCheck,
+    check: &Duplicate,
     reservation: &MemoryReservation,
 ) -> Result<Lookup> {
     // the chains and the table (about twice its entries)
@@ -258,7 +267,7 @@ fn hashed(
             let mut j = latest;
             while j != NONE {
                 if equal(&same, i, j as usize) {
-                    return fail(check.kind(), check.message());
+                    return fail(check.kind, check.message.clone());
                 }
                 j = next[j as usize];
             }

@@ -1,0 +1,265 @@
+//! Shared subplans computed once per query ([`crate::plan::shared`]): each
+//! [`SharedExec`] over one input reads the partitions the first occurrence
+//! to run computed, kept in the memory pool (or computed again where they
+//! do not fit, or in each iteration where the input reads one).
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, DataFusionError};
+use datafusion::error::Result;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
+    SendableRecordBatchStream,
+};
+use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
+use futures::TryStreamExt;
+
+/// The batches of every partition of a shared input, and the memory they
+/// hold in the pool (`None`: too large to keep).
+type Cached = Option<(Vec<Vec<RecordBatch>>, MemoryReservation)>;
+
+/// A shared input's result, computed by the first occurrence that runs.
+type Pending =
+    SharedFuture<BoxFuture<'static, std::result::Result<Arc<Cached>, Arc<DataFusionError>>>>;
+
+/// What the occurrences of one shared input have in common: its result,
+/// and the iteration it was computed in (see [`SharedExec::per_iteration`]).
+#[derive(Debug, Default)]
+pub(crate) struct Cache(Mutex<Option<(u64, Pending)>>);
+
+impl Cache {
+    /// The result of `input` in `iteration`, computed on its first call; an
+    /// input computed in an earlier iteration is reset and computed again.
+    fn get(
+        &self,
+        input: &Arc<dyn ExecutionPlan>,
+        context: &Arc<TaskContext>,
+        iteration: u64,
+    ) -> Result<Pending> {
+        let mut slot = self.0.lock().expect("cache lock");
+        if let Some((computed_in, pending)) = slot.as_ref() {
+            if *computed_in == iteration {
+                return Ok(pending.clone());
+            }
+        }
+        let input = match iteration {
+            0 => Arc::clone(input),
+            // A join's build side and the like are kept in the plan's
+            // state: reset, as the recursion resets its own term.
+            _ => reset_plan_states(Arc::clone(input))?,
+        };
+        let context = Arc::clone(context);
+        let pending = async move {
+            let partitions = collect_partitioned(input, Arc::clone(&context)).await?;
+            let size = partitions
+                .iter()
+                .flatten()
+                .map(RecordBatch::get_array_memory_size)
+                .sum();
+            let reservation = MemoryConsumer::new("SharedExec").register(context.memory_pool());
+            Ok(Arc::new(match reservation.try_grow(size) {
+                Ok(()) => Some((partitions, reservation)),
+                Err(_) => None,
+            }))
+        }
+        .map(|r: Result<Arc<Cached>>| r.map_err(Arc::new))
+        .boxed()
+        .shared();
+        *slot = Some((iteration, pending.clone()));
+        Ok(pending)
+    }
+}
+
+/// One occurrence of a shared input: its input's partitions as the first
+/// occurrence to run computed them (see the [module docs](self)). The
+/// input, optimized and planned once per query, is not a child of the
+/// node, so that the optimizers of the plan around it do not walk it again
+/// at every occurrence; EXPLAIN names its root ([`SharedExec::input`] is
+/// the whole of it).
+#[derive(Debug)]
+pub struct SharedExec {
+    input: Arc<dyn ExecutionPlan>,
+    cache: Arc<Cache>,
+    /// The iteration counters of the recursive queries whose previous rows
+    /// the input reads: it is computed again in each iteration.
+    iterations: Vec<Arc<AtomicU64>>,
+}
+
+impl SharedExec {
+    pub(crate) fn new(input: Arc<dyn ExecutionPlan>, cache: Arc<Cache>) -> Self {
+        Self {
+            input,
+            cache,
+            iterations: Vec::new(),
+        }
+    }
+
+    /// The shared input (the same plan at every occurrence).
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+
+    /// This occurrence over `input`, the same subplan reading the rows of a
+    /// recursive query's previous iteration, which `iteration` counts: kept
+    /// for one iteration, shared by the occurrences that read it then (the
+    /// same cache as this one's).
+    pub(crate) fn per_iteration(
+        &self,
+        input: Arc<dyn ExecutionPlan>,
+        iteration: &Arc<AtomicU64>,
+    ) -> Self {
+        let mut iterations = self.iterations.clone();
+        iterations.push(Arc::clone(iteration));
+        Self {
+            input,
+            cache: Arc::clone(&self.cache),
+            iterations,
+        }
+    }
+
+    /// Whether the input reads the rows of a recursive query's previous
+    /// iteration (and is computed again in each iteration).
+    pub(crate) fn reads_iterations(&self) -> bool {
+        !self.iterations.is_empty()
+    }
+
+    /// The iteration the recursive queries around are in (0 outside any).
+    fn iteration(&self) -> u64 {
+        let counts = self.iterations.iter().map(|i| i.load(Ordering::Acquire));
+        counts.fold(0, u64::wrapping_add)
+    }
+}
+
+impl DisplayAs for SharedExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "SharedExec: input={}", self.input.name())
+    }
+}
+
+impl ExecutionPlan for SharedExec {
+    fn name(&self) -> &str {
+        "SharedExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.input.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.is_empty() {
+            true => Ok(self),
+            false => internal_err!("SharedExec has no children"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let iteration = self.iteration();
+        let pending = self.cache.get(&self.input, &context, iteration)?;
+        let input = Arc::clone(&self.input);
+        let stream = futures::stream::once(async move {
+            let cached = pending.await.map_err(DataFusionError::Shared)?;
+            Ok::<SendableRecordBatchStream, DataFusionError>(match cached.as_ref() {
+                Some((batches, _)) => {
+                    let batches = batches[partition].clone();
+                    let schema = input.schema();
+                    Box::pin(RecordBatchStreamAdapter::new(
+                        schema,
+                        futures::stream::iter(batches.into_iter().map(Ok)),
+                    ))
+                }
+                // Not kept: computed here (reset, as in Cache::get).
+                None if iteration > 0 => reset_plan_states(input)?.execute(partition, context)?,
+                None => input.execute(partition, context)?,
+            })
+        })
+        .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            stream,
+        )))
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Float64Array, RecordBatch};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::error::Result;
+    use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+    use datafusion::execution::TaskContext;
+    use datafusion::physical_plan::{collect, ExecutionPlan};
+
+    use super::{Cache, SharedExec};
+
+    /// Two occurrences of one input over `context`: each one's rows, and
+    /// whether the cache kept them.
+    async fn both(context: TaskContext) -> Result<(Vec<usize>, bool)> {
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Float64, false)]));
+        let values = Float64Array::from_iter_values((0..1000).map(f64::from));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(values)])?;
+        let input: Arc<dyn ExecutionPlan> =
+            MemorySourceConfig::try_new_exec(&[vec![batch.clone()], vec![batch]], schema, None)?;
+        let cache = Arc::new(Cache::default());
+        let context = Arc::new(context);
+        let mut rows = Vec::new();
+        for _ in 0..2 {
+            let exec = Arc::new(SharedExec::new(Arc::clone(&input), Arc::clone(&cache)));
+            let batches = collect(exec, Arc::clone(&context)).await?;
+            rows.push(batches.iter().map(RecordBatch::num_rows).sum());
+        }
+        let (_, pending) = cache.0.lock().unwrap().clone().expect("computed");
+        let kept = pending
+            .await
+            .map_err(datafusion::error::DataFusionError::Shared)?;
+        Ok((rows, kept.is_some()))
+    }
+
+    #[tokio::test]
+    async fn every_occurrence_reads_the_input_computed_once() -> Result<()> {
+        let (rows, kept) = both(TaskContext::default()).await?;
+        assert_eq!(rows, [2000, 2000]);
+        assert!(kept);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn an_input_too_large_for_the_memory_pool_is_computed_by_each_occurrence() -> Result<()> {
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(1024, 1.0)
+            .build_arc()?;
+        let (rows, kept) = both(TaskContext::default().with_runtime(runtime)).await?;
+        assert_eq!(rows, [2000, 2000]);
+        assert!(!kept);
+        Ok(())
+    }
+}
