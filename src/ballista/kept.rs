@@ -48,8 +48,8 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use crate::exec::loop_invariant::replay;
-use crate::options::GradOptions;
 use crate::exec::only_child;
+use crate::options::GradOptions;
 
 /// Seconds after which a kept partition nobody read is dropped.
 pub const IDLE_SECONDS: u64 = 60;

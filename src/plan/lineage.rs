@@ -39,7 +39,7 @@ use datafusion::logical_expr::{
 
 use super::free_variables::{outer_name, outer_variables, plan_reads, same_outer, subquery_reads};
 use super::reverse::as_group_join;
-use super::unalias;
+use super::{same_table, unalias};
 use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
 use crate::reserved::Placeholder;
@@ -722,13 +722,6 @@ fn same_node(a: &LogicalPlan, b: &LogicalPlan) -> bool {
 /// Whether some part of `a` is one of `b`.
 pub(crate) fn overlaps(a: &[Part], b: &[Part]) -> bool {
     a.iter().any(|p| b.iter().any(|q| p.same(q)))
-}
-
-/// Whether `t` and `u` may name the same table: `p`, `public.p` and
-/// `datafusion.public.p` do (a name without a schema is taken to be of any
-/// schema: a re-read is refused rather than missed).
-pub(crate) fn same_table(t: &TableReference, u: &TableReference) -> bool {
-    t.resolved_eq(u) || u.resolved_eq(t)
 }
 
 /// Everything the value of column `idx` of `plan` is computed from (see

@@ -48,7 +48,7 @@ pub mod shared;
 
 use std::sync::Arc;
 
-use datafusion::common::NullEquality;
+use datafusion::common::{NullEquality, TableReference};
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Join, JoinConstraint, JoinType, LogicalPlan};
 
@@ -80,6 +80,13 @@ pub(crate) fn left_join_by_identity(
         NullEquality::NullEqualsNull,
         false,
     )?))
+}
+
+/// Whether `t` and `u` may name the same table: `p`, `public.p` and
+/// `datafusion.public.p` do (a name without a schema is taken to be of any
+/// schema: a re-read is refused rather than missed).
+pub(crate) fn same_table(t: &TableReference, u: &TableReference) -> bool {
+    t.resolved_eq(u) || u.resolved_eq(t)
 }
 
 /// `e` without its top-level aliases.

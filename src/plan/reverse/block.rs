@@ -32,7 +32,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::error::{fail, ErrorKind};
-use crate::plan::lineage::same_table;
+use crate::plan::same_table;
 use crate::plan::shared::{share, shared_input, unshared};
 use crate::plan::unalias;
 use crate::reserved::{leaf_qualifier, Placeholder, PRESENT};
