@@ -11,7 +11,7 @@
 -- recursion). Each statement below is one Gauss–Newton step on the 2×2
 -- normal equations; six reach the least-squares fit.
 --
---   cargo run --release --bin dfgrad -- -f examples/fit_simulation.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/fit_simulation.sql
 
 CREATE TABLE observed AS
 WITH RECURSIVE truth(step, x) AS (

@@ -5,7 +5,7 @@
 -- it through the aggregate inside the recursive term of the CTE, so each
 -- iteration is one pass over the data.
 --
---   cargo run --release --bin dfgrad -- -f examples/linear_regression.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/linear_regression.sql
 
 CREATE TABLE points AS
 SELECT x, 3.0 * x - 2.0 + 0.1 * sin(i * 12.9898) AS y

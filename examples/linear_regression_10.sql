@@ -9,7 +9,7 @@
 -- iteration is one pass over the data. `mse` is the loss at each row's
 -- parameters (computed by the next iteration, hence `lead`).
 --
---   cargo run --release --bin dfgrad -- -f examples/linear_regression_10.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/linear_regression_10.sql
 
 CREATE TABLE points AS
 SELECT x1, x2, x3, x4, x5, x6, x7, x8, x9,

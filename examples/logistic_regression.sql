@@ -5,7 +5,7 @@
 --   max(z, 0) − z·label + ln(1 + exp(−|z|)),
 -- averaged over the points; `grad` differentiates through the average.
 --
---   cargo run --release --bin dfgrad -- -f examples/logistic_regression.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/logistic_regression.sql
 
 CREATE TABLE samples AS
 SELECT x, CASE WHEN 2.0 * x - 0.5 + sin(i * 12.9898) > 0 THEN 1.0 ELSE 0.0 END AS label

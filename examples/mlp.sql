@@ -19,7 +19,7 @@
 -- and moves the parameters against them (learning rate 0.5).
 -- The result shows the training loss and the held-out accuracy every 10 steps.
 --
---   cargo run --release --bin dfgrad -- -f examples/mlp.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/mlp.sql
 
 CREATE TABLE mnist_like AS
 WITH prototypes AS (

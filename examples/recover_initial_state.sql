@@ -12,7 +12,7 @@
 -- below is one descent step with rate 0.01; after 15 the loss is 0.026
 -- (from 37.9) and v0 is within 0.07 of the hidden state (Euclidean).
 --
---   cargo run --release --bin dfgrad -- -f examples/recover_initial_state.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/recover_initial_state.sql
 
 CREATE TABLE truth AS
 SELECT tensor(array_agg(0.5 * sin(value * 12.9898) ORDER BY value), 16) AS v0

@@ -12,7 +12,7 @@
 -- `accuracy` describe each row's parameters (the next iteration computes
 -- them, hence `lead`).
 --
---   cargo run --release --bin dfgrad -- -f examples/softmax_regression.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/softmax_regression.sql
 
 CREATE TABLE samples AS
 SELECT x1, x2,

@@ -12,7 +12,7 @@
 -- them and gives the 17 partials as a struct. `loss` and `accuracy` describe
 -- each row's parameters (the next iteration computes them, hence `lead`).
 --
---   cargo run --release --bin dfgrad -- -f examples/xor_network.sql
+--   cargo run --features test-build --bin dfgrad -- -f examples/xor_network.sql
 
 CREATE TABLE xor_points AS
 SELECT x1, x2, CASE WHEN x1 * x2 > 0 THEN 1.0 ELSE 0.0 END AS label

@@ -30,7 +30,7 @@
 //! | foundation | [`error`], `reserved`, [`options`] | typed errors, the reserved `__dfgrad…` names, settings |
 //! | primitives | [`tensor`], [`rules`] | tensor kernels and functions; the derivative rule of each primitive (a table, like JAX's jvp registry) |
 //! | engine | [`engine`] | differentiates one expression over a hash-consed DAG, reverse or forward mode, shared parts bound once |
-//! | plan, exec | [`plan`], [`exec`] | what a derivative *is*: the analyzer rule, the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, relational reverse mode, recursion) and our logical nodes; how it *runs*: our operators and physical rules (broadcast aggregates, loop-invariant data, shared subplans, loops, the adjoint replay, gradient tables). Neither uses the other |
+//! | plan, exec | [`plan`], [`exec`] | what a derivative *is*: the analyzer rule, the rewrites that need plan context (aggregates, subqueries, derived columns, free variables, DML, relational reverse mode, recursion) and our logical nodes; how it *runs*: our operators and physical rules (broadcast aggregates, contractions, loop-invariant data, shared subplans, loops, the adjoint replay, gradient tables). Neither uses the other |
 //! | physical planning | [`physical_planner`] | our logical nodes planned as our operators: the one module that knows both |
 //! | frontends | [`marker`], [`table_factor`], [`export`], `substrait` (feature) | the SQL functions, `grad(loss, tbl.col)` in FROM, SQL text export, Substrait |
 //! | installation | this crate root: [`register`], [`session_context`] | everything installed into a `SessionContext` |
@@ -81,6 +81,7 @@ pub use rules::{Call, DerivativeRule, Partial, Rules};
 
 use engine::call::{Marker, MarkerKind, SharedRules};
 pub use exec::broadcast_aggregate::BroadcastAggregate;
+pub use exec::contraction::Contraction;
 pub use exec::loop_invariant::LoopInvariants;
 pub use exec::serial_iterations::SerialIterations;
 pub use exec::step_projections::StepProjections;
@@ -89,7 +90,7 @@ pub use plan::dml::InlineUpdates;
 
 /// Installs `grad`, `jvp`, `vjp`, `differentiate_sql`, the tensor functions
 /// ([`tensor`]), the analyzer rule, the planner rules ([`plan::dml`],
-/// [`exec::broadcast_aggregate`], [`exec::loop_invariant`],
+/// [`exec::broadcast_aggregate`], [`exec::contraction`], [`exec::loop_invariant`],
 /// [`exec::serial_iterations`], [`exec::step_projections`]) and the query
 /// planner of our logical nodes ([`physical_planner`]) into `ctx`, with the built-in derivative rules. The
 /// query planner replaces `ctx`'s: DataFusion's default planner, plus the
@@ -123,6 +124,7 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
         SessionStateBuilder::new_from_existing(plan::analyzer::with_rewrite_rules(state.clone()))
             .with_physical_optimizer_rule(Arc::new(LoopInvariants))
             .with_physical_optimizer_rule(Arc::new(BroadcastAggregate::default()))
+            .with_physical_optimizer_rule(Arc::new(Contraction))
             .with_physical_optimizer_rule(Arc::new(SerialIterations))
             .with_physical_optimizer_rule(Arc::new(StepProjections))
             .with_query_planner(Arc::new(physical_planner::SharingPlanner))

@@ -4,6 +4,7 @@
 //! ```sql
 //! SET datafusion_grad.tensor_device = 'cpu';
 //! SET datafusion_grad.broadcast_aggregate = false;
+//! SET datafusion_grad.contraction = false;
 //! SET datafusion_grad.cache_loop_invariants = false;
 //! SET datafusion_grad.spread_iterations = true;
 //! SET datafusion_grad.ballista_timeout_seconds = 3600;
@@ -85,6 +86,10 @@ config_namespace! {
         /// loop's parameters) runs as a broadcast aggregation
         /// (`BroadcastAggregateExec`) instead of hashing every joined row.
         pub broadcast_aggregate: bool, default = true
+        /// Whether a GROUP BY of sums of products over an inner equijoin (a
+        /// matrix product written as join + SUM) runs as a contraction
+        /// (`ContractionExec`) instead of building the joined rows.
+        pub contraction: bool, default = true
         /// Whether the parts of a recursive query's recursive term that do
         /// not read the work table (the data of a training loop) are
         /// computed in the first iteration and kept in memory for the

@@ -617,3 +617,39 @@ async fn the_scheduler_plans_broadcast_aggregations_that_travel() -> Result<()> 
     assert_same(step, &expected, &got);
     Ok(())
 }
+
+/// A contraction (a partial aggregate of sums of products and its join,
+/// `ContractionExec`) is planned by the scheduler and travels through the
+/// codec as the plan it replaces, rebuilt on arrival: the join + aggregate's
+/// rows.
+#[tokio::test]
+async fn the_scheduler_plans_contractions_that_travel() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_points(dir.path()).await?;
+    let scheduler = SessionContext::new_with_state(datafusion_grad::ballista::session_state(
+        datafusion_grad::ballista::config(),
+    )?);
+    register(&scheduler, dir.path()).await?;
+    // Ballista plans sort-merge joins by default; contractions replace hash joins.
+    set(&scheduler, "datafusion.optimizer.prefer_hash_join = true").await?;
+    let query = "SELECT d.g, p.h, sum(d.x * p.w) AS s, sum(p.w) AS n \
+                 FROM (SELECT i % 3 AS k, i % 5 AS g, x FROM t) AS d \
+                 JOIN (VALUES (0, 0, 0.5), (1, 0, 1.5), (2, 1, 2.5), (2, 2, -1.0)) AS p(k, h, w) \
+                 ON p.k = d.k GROUP BY d.g, p.h ORDER BY d.g, p.h";
+    let plan = scheduler.sql(query).await?.create_physical_plan().await?;
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(text.contains("ContractionExec"), "{text}");
+    let codec = GradPhysicalCodec::default();
+    let travelled = PhysicalPlanNode::try_from_physical_plan(plan, &codec)?
+        .try_into_physical_plan(&scheduler.task_ctx(), &codec)?;
+    let after = displayable(travelled.as_ref()).indent(true).to_string();
+    assert!(after.contains("ContractionExec"), "{after}");
+    let batches = collect(travelled, scheduler.task_ctx()).await?;
+    let got = concat_batches(&batches[0].schema(), &batches)?;
+    let local = datafusion_grad::session_context();
+    register(&local, dir.path()).await?;
+    set(&local, "datafusion_grad.contraction = false").await?;
+    let expected = rows(&local, query).await?;
+    assert_same(query, &expected, &got);
+    Ok(())
+}

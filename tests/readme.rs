@@ -5,7 +5,7 @@
 //!   `dfgrad -f` in a fresh session and must succeed — unless the line just
 //!   before its fence is `<!-- fails: TEXT -->`: then it must fail, with TEXT
 //!   in its one-line error.
-//! - Each `$ cargo run --release --bin dfgrad -- ARGS` command of a
+//! - Each `$ cargo run --features test-build --bin dfgrad -- ARGS` command of a
 //!   ```` ```console ```` block is run (as `dfgrad ARGS`, through `sh`) and
 //!   must print exactly the lines shown below it.
 
@@ -41,7 +41,7 @@ const PAGES: &[(&str, &str)] = &[
 ];
 
 /// The command prefix of the pages' console examples, and what runs it here.
-const CARGO_RUN: &str = "cargo run --release --bin dfgrad --";
+const CARGO_RUN: &str = "cargo run --features test-build --bin dfgrad --";
 
 /// A fenced block of a page.
 #[derive(Debug)]

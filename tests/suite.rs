@@ -19,6 +19,8 @@ mod broadcast;
 mod cli;
 /// Helpers shared by the test modules (running `dfgrad`, comparing numbers).
 mod common;
+#[path = "contraction.rs"]
+mod contraction;
 #[path = "cuda.rs"]
 mod cuda;
 #[path = "export.rs"]

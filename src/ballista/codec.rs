@@ -1,7 +1,7 @@
 //! The physical plan codec of our Ballista processes: Ballista's, plus the
 //! operators of ours that travel from the scheduler to the executors
-//! ([`KeptOnExecutorsExec`], and [`BroadcastAggregateExec`] as the plan it
-//! replaces, rebuilt on arrival).
+//! ([`KeptOnExecutorsExec`], and [`BroadcastAggregateExec`] and
+//! [`ContractionExec`] as the plans they replace, rebuilt on arrival).
 
 use std::sync::Arc;
 
@@ -22,6 +22,7 @@ use prost::Message;
 
 use super::kept::KeptOnExecutorsExec;
 use crate::exec::broadcast_aggregate::BroadcastAggregateExec;
+use crate::exec::contraction::ContractionExec;
 use crate::exec::only_child;
 
 /// What an encoded [`KeptOnExecutorsExec`] starts with (its run key follows):
@@ -32,6 +33,10 @@ const KEPT: &[u8] = b"\0datafusion_grad.kept:";
 /// What an encoded [`BroadcastAggregateExec`] starts with; the plan it
 /// replaces follows, its cross join over placeholders.
 const BROADCAST: &[u8] = b"\0datafusion_grad.broadcast:";
+
+/// What an encoded [`ContractionExec`] starts with; the aggregate and join
+/// it replaces follow, the join over placeholders.
+const CONTRACTION: &[u8] = b"\0datafusion_grad.contraction:";
 
 /// Ballista's physical extension codec with our operators added. Set on
 /// the client ([`super::config`]), the scheduler and the executors
@@ -73,6 +78,20 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
             )?;
             return Ok(Arc::new(exec));
         }
+        if let Some(replaced) = buf.strip_prefix(CONTRACTION) {
+            let [left, right] = inputs else {
+                return Err(DataFusionError::Internal(format!(
+                    "ContractionExec with {} inputs",
+                    inputs.len()
+                )));
+            };
+            let replaced = PhysicalPlanNode::decode(replaced)
+                .map_err(|e| DataFusionError::Internal(format!("ContractionExec: {e}")))?
+                .try_into_physical_plan_with_converter(ctx, self, proto_converter)?;
+            let exec =
+                ContractionExec::from_replaced(replaced, Arc::clone(left), Arc::clone(right))?;
+            return Ok(Arc::new(exec));
+        }
         self.ballista.try_decode(buf, inputs, ctx, proto_converter)
     }
 
@@ -107,6 +126,23 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
                 .execution_plan_to_proto(&replaced, self)?
                 .encode(buf)
                 .map_err(|e| DataFusionError::Internal(format!("BroadcastAggregateExec: {e}")))?;
+            return Ok(());
+        }
+        if let Some(contraction) = node.downcast_ref::<ContractionExec>() {
+            let placeholder = |p: &Arc<dyn ExecutionPlan>| {
+                Arc::new(EmptyExec::new(p.schema())) as Arc<dyn ExecutionPlan>
+            };
+            let [left, right] = node.children()[..] else {
+                return Err(DataFusionError::Internal(
+                    "ContractionExec without its two inputs".to_string(),
+                ));
+            };
+            let replaced = contraction.replaced(placeholder(left), placeholder(right))?;
+            buf.extend_from_slice(CONTRACTION);
+            proto_converter
+                .execution_plan_to_proto(&replaced, self)?
+                .encode(buf)
+                .map_err(|e| DataFusionError::Internal(format!("ContractionExec: {e}")))?;
             return Ok(());
         }
         self.ballista.try_encode(node, buf, proto_converter)

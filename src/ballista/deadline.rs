@@ -16,18 +16,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, SendableRecordBatchStream,
 };
 use futures::StreamExt;
 
 use crate::error::{ErrorKind, GradError};
-use crate::exec::only_child;
+use crate::exec::kit;
 
 /// Runs its child, failing with [`ErrorKind::ClusterTimeout`] when a
 /// partition's stream has not ended `timeout` after `execute`.
@@ -50,6 +48,16 @@ impl DeadlineExec {
     }
 }
 
+impl DeadlineExec {
+    /// The same deadline over `input`.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Ok(Self {
+            input,
+            timeout: self.timeout,
+        })
+    }
+}
+
 impl DisplayAs for DeadlineExec {
     fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "DeadlineExec: timeout={}s", self.timeout.as_secs())
@@ -57,35 +65,9 @@ impl DisplayAs for DeadlineExec {
 }
 
 impl ExecutionPlan for DeadlineExec {
-    fn name(&self) -> &str {
-        "DeadlineExec"
-    }
-
-    fn apply_expressions(
-        &self,
-        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "DeadlineExec")?;
-        Ok(Arc::new(Self {
-            input,
-            timeout: self.timeout,
-        }))
-    }
+    kit::one_input!("DeadlineExec");
+    kit::input_properties!();
+    kit::no_expressions!();
 
     fn execute(
         &self,

@@ -35,20 +35,17 @@ use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    displayable, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
-    SendableRecordBatchStream,
+    displayable, DisplayAs, DisplayFormatType, ExecutionPlan, SendableRecordBatchStream,
 };
 use futures::StreamExt;
 
+use crate::exec::kit;
 use crate::exec::loop_invariant::replay;
-use crate::exec::only_child;
 use crate::options::GradOptions;
 
 /// Seconds after which a kept partition nobody read is dropped.
@@ -74,6 +71,11 @@ impl KeptOnExecutorsExec {
             run,
             fingerprint: OnceLock::new(),
         }
+    }
+
+    /// The same run over `input`.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Ok(Self::new(input, self.run.clone()))
     }
 
     /// The run its partitions are kept for.
@@ -106,17 +108,9 @@ impl DisplayAs for KeptOnExecutorsExec {
 }
 
 impl ExecutionPlan for KeptOnExecutorsExec {
-    fn name(&self) -> &str {
-        "KeptOnExecutorsExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
+    kit::one_input!("KeptOnExecutorsExec");
+    kit::input_properties!();
+    kit::no_expressions!();
 
     fn maintains_input_order(&self) -> Vec<bool> {
         vec![true]
@@ -124,14 +118,6 @@ impl ExecutionPlan for KeptOnExecutorsExec {
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         vec![false]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "KeptOnExecutorsExec")?;
-        Ok(Arc::new(Self::new(input, self.run.clone())))
     }
 
     fn execute(
@@ -179,13 +165,6 @@ impl ExecutionPlan for KeptOnExecutorsExec {
             }
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
     }
 }
 

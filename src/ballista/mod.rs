@@ -96,8 +96,9 @@ pub fn session_state(config: SessionConfig) -> Result<SessionState> {
 
 /// `state` with the physical optimizer rules of ours that a scheduler runs
 /// last: the broadcast aggregation as distributed stages need it
-/// ([`BroadcastAggregate::distributed`], in place of the local one), then
-/// [`keep::KeepOnExecutors`].
+/// ([`BroadcastAggregate::distributed`], in place of the local one), the
+/// contractions ([`crate::Contraction`]: a partial aggregate and its join,
+/// within one stage), then [`keep::KeepOnExecutors`].
 fn scheduling(state: SessionState) -> SessionState {
     let local = BroadcastAggregate::default();
     let mut rules: Vec<_> = state
@@ -107,6 +108,7 @@ fn scheduling(state: SessionState) -> SessionState {
         .cloned()
         .collect();
     rules.push(Arc::new(BroadcastAggregate::distributed()));
+    rules.push(Arc::new(crate::Contraction));
     rules.push(Arc::new(keep::KeepOnExecutors));
     SessionStateBuilder::new_from_existing(state)
         .with_physical_optimizer_rules(rules)

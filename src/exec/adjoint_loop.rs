@@ -26,7 +26,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::only_child;
+use super::kit;
 use crate::options::GradOptions;
 
 /// The properties of an [`AdjointLoopExec`] over `input`: its partitions,
@@ -76,10 +76,25 @@ impl DisplayAs for AdjointLoopExec {
     }
 }
 
-impl ExecutionPlan for AdjointLoopExec {
-    fn name(&self) -> &str {
-        "AdjointLoopExec"
+impl AdjointLoopExec {
+    /// The same replay over `input`.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Ok(Self {
+            properties: properties(&self.schema, &input),
+            input,
+            schema: Arc::clone(&self.schema),
+            name: self.name.clone(),
+            replay: Arc::clone(&self.replay),
+            iteration: self.iteration,
+            initial: self.initial.clone(),
+            wanted: self.wanted.clone(),
+        })
     }
+}
+
+impl ExecutionPlan for AdjointLoopExec {
+    kit::one_input!("AdjointLoopExec");
+    kit::own_properties!();
 
     fn apply_expressions(
         &self,
@@ -91,31 +106,6 @@ impl ExecutionPlan for AdjointLoopExec {
             }
         }
         Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "AdjointLoopExec")?;
-        Ok(Arc::new(Self {
-            properties: properties(&self.schema, &input),
-            input,
-            schema: Arc::clone(&self.schema),
-            name: self.name.clone(),
-            replay: Arc::clone(&self.replay),
-            iteration: self.iteration,
-            initial: self.initial.clone(),
-            wanted: self.wanted.clone(),
-        }))
     }
 
     fn execute(

@@ -3,27 +3,24 @@
 //! builds a hash table (or a dense index, [`super::row_index`]) over the
 //! rows' identities and sums every contribution into its row.
 
-use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, DataFusionError};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
-    SendableRecordBatchStream,
+    collect, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
 
+use super::kit;
 use super::row_index::{Duplicate, RowIndex};
 
 /// Sums the contributions into the parameter rows through a hash table
@@ -40,26 +37,15 @@ pub struct GroupJoinExec {
     pub(crate) metrics: ExecutionPlanMetricsSet,
 }
 
-impl DisplayAs for GroupJoinExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "GroupJoinExec")
-    }
-}
+kit::display_name!(GroupJoinExec);
 
 impl ExecutionPlan for GroupJoinExec {
+    kit::own_properties!();
+    kit::own_metrics!();
+    kit::no_expressions!();
+
     fn name(&self) -> &str {
         "GroupJoinExec"
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -169,9 +155,5 @@ impl ExecutionPlan for GroupJoinExec {
         };
         let stream = futures::stream::once(output).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
     }
 }

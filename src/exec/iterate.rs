@@ -16,7 +16,7 @@ use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::common::project_plan_to_schema;
 use datafusion::physical_plan::execution_plan::{reset_plan_states, Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -28,6 +28,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::iterations::{Iteration, IterationLimit, IterationProgress};
+use super::kit;
 use super::shared::SharedExec;
 
 /// The rows of the previous iteration, which the [`IterationScanExec`]s of
@@ -167,9 +168,8 @@ impl ExecutionPlan for IterateExec {
         "IterateExec"
     }
 
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
+    kit::own_properties!();
+    kit::no_expressions!();
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![&self.static_term, &self.recursive_term]
@@ -203,13 +203,6 @@ impl ExecutionPlan for IterateExec {
             distinct: self.distinct,
             properties: Arc::clone(&self.properties),
         }))
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
     }
 
     fn execute(
@@ -382,34 +375,9 @@ impl DisplayAs for IterationScanExec {
 }
 
 impl ExecutionPlan for IterationScanExec {
-    fn name(&self) -> &str {
-        "IterationScanExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.is_empty() {
-            true => Ok(self),
-            false => internal_err!("IterationScanExec has no children"),
-        }
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    kit::no_input!("IterationScanExec");
+    kit::own_properties!();
+    kit::no_expressions!();
 
     fn execute(
         &self,

@@ -26,19 +26,16 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::internal_err;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
-use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
-};
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream};
 use futures::StreamExt;
 
-use super::only_child;
+use super::kit;
 use crate::error::{ErrorKind, GradError};
 use crate::options::GradOptions;
 
@@ -151,43 +148,23 @@ pub struct CountedTermExec {
     rows: Arc<AtomicU64>,
 }
 
-impl DisplayAs for CountedTermExec {
-    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "CountedTermExec")
-    }
-}
-
-impl ExecutionPlan for CountedTermExec {
-    fn name(&self) -> &str {
-        "CountedTermExec"
-    }
-
-    fn apply_expressions(
-        &self,
-        _: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "CountedTermExec")?;
-        Ok(Arc::new(Self {
+impl CountedTermExec {
+    /// The same count over `input`.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Ok(Self {
             input,
             executions: Arc::clone(&self.executions),
             rows: Arc::clone(&self.rows),
-        }))
+        })
     }
+}
+
+kit::display_name!(CountedTermExec);
+
+impl ExecutionPlan for CountedTermExec {
+    kit::one_input!("CountedTermExec");
+    kit::input_properties!();
+    kit::no_expressions!();
 
     fn execute(
         &self,

@@ -51,7 +51,7 @@ use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
@@ -73,7 +73,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::iterate::IterationScanExec;
-use super::only_child;
+use super::kit;
 use super::shared::SharedExec;
 use super::split_scan::split_file_scans;
 use super::{rewrite_down, rewrite_recursive_terms, Visit};
@@ -525,46 +525,31 @@ impl DisplayAs for LoopInvariantExec {
     }
 }
 
+impl LoopInvariantExec {
+    /// A copy over `input`, sharing the kept rows: the rule inserts the
+    /// node after the optimizers that would change its input, so a new
+    /// input is the input reset for the next iteration.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Ok(Self::with_store(
+            input,
+            Arc::clone(&self.store),
+            self.spread,
+            Arc::clone(&self.properties),
+        ))
+    }
+}
+
 impl ExecutionPlan for LoopInvariantExec {
-    fn name(&self) -> &str {
-        "LoopInvariantExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
+    kit::one_input!("LoopInvariantExec");
+    kit::own_properties!();
+    kit::no_expressions!();
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         vec![false]
     }
 
-    /// A copy over `children`, sharing the kept rows: the rule inserts the
-    /// node after the optimizers that would change its input, so a new child
-    /// is the input reset for the next iteration.
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "LoopInvariantExec")?;
-        Ok(Arc::new(Self::with_store(
-            input,
-            Arc::clone(&self.store),
-            self.spread,
-            Arc::clone(&self.properties),
-        )))
-    }
-
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::with_store(
-            Arc::clone(&self.input),
-            Arc::clone(&self.store),
-            self.spread,
-            Arc::clone(&self.properties),
-        )))
+        Ok(Arc::new(self.with_input(Arc::clone(&self.input))?))
     }
 
     fn execute(
@@ -599,12 +584,5 @@ impl ExecutionPlan for LoopInvariantExec {
                 Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
             }
         }
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
     }
 }

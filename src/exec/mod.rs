@@ -6,6 +6,9 @@
 //!
 //! - [`broadcast_aggregate`]: the physical rule that broadcasts a global
 //!   aggregate, and its operator;
+//! - [`contraction`]: the physical rule that computes a `GROUP BY` of sums
+//!   of products over an inner equijoin (a matrix product) without the
+//!   joined rows, and its operator;
 //! - [`shared`]: a subplan computed once per query, read by every
 //!   occurrence;
 //! - [`iterate`]: recursive queries whose recursive term reads the work
@@ -25,12 +28,17 @@
 //! - [`overwrite`]: a table's contents replaced by an `UPDATE`'s rows;
 //! - [`group_join`], [`row_index`]: a gradient table summed into the
 //!   parameter rows.
+//!
+//! What every operator writes alike (its name, children, properties when
+//! they are its input's or its own) is written once, in `kit`.
 
 pub mod adjoint_loop;
 pub mod broadcast_aggregate;
+pub mod contraction;
 pub mod group_join;
 pub mod iterate;
 pub mod iterations;
+pub(crate) mod kit;
 pub mod loop_invariant;
 pub mod overwrite;
 pub mod row_index;

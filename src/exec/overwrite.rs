@@ -2,23 +2,20 @@
 //! ([`crate::plan::overwrite`]): [`OverwriteExec`] computes every row of its
 //! input, then makes them the contents of the in-memory table.
 
-use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::{MemTable, TableProvider};
 use datafusion::common::internal_err;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
+    collect, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
 };
 
-use super::only_child;
+use super::kit;
 
 /// Computes every row of its input, then makes them the contents of the
 /// in-memory table; see the [module docs](self).
@@ -30,44 +27,24 @@ pub struct OverwriteExec {
     pub(crate) properties: Arc<PlanProperties>,
 }
 
-impl DisplayAs for OverwriteExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "OverwriteExec")
-    }
-}
-
-impl ExecutionPlan for OverwriteExec {
-    fn name(&self) -> &str {
-        "OverwriteExec"
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "OverwriteExec")?;
-        Ok(Arc::new(Self {
+impl OverwriteExec {
+    /// The same update over `input`.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        Ok(Self {
             input,
             table: Arc::clone(&self.table),
             schema: Arc::clone(&self.schema),
             properties: Arc::clone(&self.properties),
-        }))
+        })
     }
+}
+
+kit::display_name!(OverwriteExec);
+
+impl ExecutionPlan for OverwriteExec {
+    kit::one_input!("OverwriteExec");
+    kit::own_properties!();
+    kit::no_expressions!();
 
     fn execute(
         &self,

@@ -8,20 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{internal_err, DataFusionError};
+use datafusion::common::DataFusionError;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties,
-    SendableRecordBatchStream,
+    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, SendableRecordBatchStream,
 };
 use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use futures::TryStreamExt;
+
+use super::kit;
 
 /// The batches of every partition of a shared input, and the memory they
 /// hold in the pool (`None`: too large to keep).
@@ -146,27 +145,9 @@ impl DisplayAs for SharedExec {
 }
 
 impl ExecutionPlan for SharedExec {
-    fn name(&self) -> &str {
-        "SharedExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        self.input.properties()
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.is_empty() {
-            true => Ok(self),
-            false => internal_err!("SharedExec has no children"),
-        }
-    }
+    kit::no_input!("SharedExec");
+    kit::input_properties!();
+    kit::no_expressions!();
 
     fn execute(
         &self,
@@ -197,13 +178,6 @@ impl ExecutionPlan for SharedExec {
             self.schema(),
             stream,
         )))
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
     }
 }
 

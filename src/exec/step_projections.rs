@@ -26,7 +26,7 @@ use datafusion::error::Result;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -34,7 +34,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::only_child;
+use super::kit;
 use super::rewrite_recursive_terms;
 
 /// The physical optimizer rule (see the [module docs](self); registered by
@@ -150,10 +150,28 @@ impl DisplayAs for StepProjectionExec {
     }
 }
 
-impl ExecutionPlan for StepProjectionExec {
-    fn name(&self) -> &str {
-        "StepProjectionExec"
+impl StepProjectionExec {
+    /// The same stages over `input`.
+    fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Result<Self> {
+        // The properties stay where the input's did (a reset for
+        // the next iteration); otherwise the chain computes them.
+        let properties = match Arc::ptr_eq(input.properties(), self.input.properties()) {
+            true => Arc::clone(&self.properties),
+            false => self.properties_over(&input)?,
+        };
+        Ok(Self {
+            input,
+            stages: Arc::clone(&self.stages),
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
     }
+}
+
+impl ExecutionPlan for StepProjectionExec {
+    kit::one_input!("StepProjectionExec");
+    kit::own_properties!();
+    kit::own_metrics!();
 
     fn apply_expressions(
         &self,
@@ -164,33 +182,6 @@ impl ExecutionPlan for StepProjectionExec {
             recursion = recursion.visit_sibling(|| f(&e.expr))?;
         }
         Ok(recursion)
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let input = only_child(children, "StepProjectionExec")?;
-        // The properties stay where the input's did (a reset for
-        // the next iteration); otherwise the chain computes them.
-        let properties = match Arc::ptr_eq(input.properties(), self.input.properties()) {
-            true => Arc::clone(&self.properties),
-            false => self.properties_over(&input)?,
-        };
-        Ok(Arc::new(Self {
-            input,
-            stages: Arc::clone(&self.stages),
-            properties,
-            metrics: ExecutionPlanMetricsSet::new(),
-        }))
     }
 
     fn execute(
@@ -215,9 +206,5 @@ impl ExecutionPlan for StepProjectionExec {
             self.schema(),
             stream,
         )))
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
     }
 }

@@ -34,10 +34,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::common::{internal_err, DFSchemaRef};
+use datafusion::common::DFSchemaRef;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNodeCore};
 
+use crate::plan::kit;
 use crate::reserved::reverse_column;
 
 /// The step of a row-wise loop and its vector-Jacobian product.
@@ -118,21 +119,7 @@ impl AdjointLoop {
 }
 
 impl UserDefinedLogicalNodeCore for AdjointLoop {
-    fn name(&self) -> &str {
-        "AdjointLoop"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.input]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    kit::node_without_expressions!("AdjointLoop", [input]);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
@@ -141,17 +128,5 @@ impl UserDefinedLogicalNodeCore for AdjointLoop {
             self.step.name,
             self.wanted.len()
         )
-    }
-
-    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
-        match <[LogicalPlan; 1]>::try_from(inputs) {
-            Ok([input]) if exprs.is_empty() => Ok(Self {
-                input,
-                step: Arc::clone(&self.step),
-                wanted: self.wanted.clone(),
-                schema: Arc::clone(&self.schema),
-            }),
-            _ => internal_err!("AdjointLoop has one input and no expressions"),
-        }
     }
 }

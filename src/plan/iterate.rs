@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_err, DFSchemaRef};
+use datafusion::common::DFSchemaRef;
 use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::datasource::source_as_provider;
 use datafusion::error::Result;
@@ -45,6 +45,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::scalar_subquery_to_join::ScalarSubqueryToJoin;
 use datafusion::optimizer::{Optimizer, OptimizerContext};
 
+use super::kit;
 use super::shared::shared_input;
 
 /// `plan` with every recursive query whose recursive term reads the work
@@ -191,37 +192,10 @@ impl PartialOrd for Iterate {
 }
 
 impl UserDefinedLogicalNodeCore for Iterate {
-    fn name(&self) -> &str {
-        "Iterate"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.static_term, &self.recursive_term]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    kit::node_without_expressions!("Iterate", [static_term, recursive_term]);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         let union = if self.distinct { "UNION" } else { "UNION ALL" };
         write!(f, "Iterate: name={}, {union}", self.name)
-    }
-
-    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
-        match <[LogicalPlan; 2]>::try_from(inputs) {
-            Ok([static_term, recursive_term]) if exprs.is_empty() => Ok(Self {
-                name: self.name.clone(),
-                static_term,
-                recursive_term,
-                distinct: self.distinct,
-                schema: Arc::clone(&self.schema),
-            }),
-            _ => internal_err!("Iterate has two inputs and no expressions"),
-        }
     }
 }

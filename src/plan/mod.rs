@@ -26,7 +26,8 @@
 //!   (each row's iterations replayed forwards, then backwards), as a node.
 //!
 //! This layer says what a derivative *is*, as logical plans and logical
-//! nodes; how they run is [`crate::exec`]'s, and
+//! nodes (what every node writes alike is written once, in `kit`); how
+//! they run is [`crate::exec`]'s, and
 //! [`crate::physical_planner`] joins the two.
 //!
 //! ```sql
@@ -41,6 +42,7 @@ pub mod dml;
 pub mod expand;
 pub mod free_variables;
 pub mod iterate;
+pub(crate) mod kit;
 pub mod lineage;
 pub mod overwrite;
 pub mod reverse;

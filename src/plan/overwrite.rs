@@ -30,8 +30,8 @@ use datafusion::logical_expr::{
 };
 
 use crate::error::{fail, ErrorKind};
-use crate::plan::columns;
 use crate::plan::dml::joins_gradient_table;
+use crate::plan::{columns, kit};
 use crate::reserved::UPDATED;
 
 /// Whether `plan` holds an `UPDATE` whose input joins a gradient table.
@@ -154,33 +154,9 @@ impl PartialOrd for Overwrite {
 }
 
 impl UserDefinedLogicalNodeCore for Overwrite {
-    fn name(&self) -> &str {
-        "Overwrite"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.input]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    kit::node_without_expressions!("Overwrite", [input]);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "Overwrite: {}", self.table_name)
-    }
-
-    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
-        match <[LogicalPlan; 1]>::try_from(inputs) {
-            Ok([input]) if exprs.is_empty() => Ok(Self {
-                input,
-                ..self.clone()
-            }),
-            _ => internal_err!("Overwrite has one input and no expressions"),
-        }
     }
 }

@@ -30,9 +30,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_err, DFSchemaRef};
+use datafusion::common::DFSchemaRef;
 use datafusion::error::Result;
 use datafusion::logical_expr::{Expr, Extension, LogicalPlan, UserDefinedLogicalNodeCore};
+
+use super::kit;
 
 /// `plan`, marked to be computed once however often the query reads it
 /// (see the [module docs](self)). A plan with parameters (`$1`, of a
@@ -120,30 +122,9 @@ impl PartialOrd for Shared {
 }
 
 impl UserDefinedLogicalNodeCore for Shared {
-    fn name(&self) -> &str {
-        "Shared"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    kit::node_without_expressions!("Shared", []);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "Shared")
-    }
-
-    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
-        match exprs.is_empty() && inputs.is_empty() {
-            true => Ok(self.clone()),
-            false => internal_err!("Shared has no inputs and no expressions"),
-        }
     }
 }

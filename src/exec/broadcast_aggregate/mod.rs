@@ -53,9 +53,7 @@ use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::{batch_filter, FilterExec};
 use datafusion::physical_plan::joins::CrossJoinExec;
-use datafusion::physical_plan::metrics::{
-    BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet, Time,
-};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, Time};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -66,7 +64,7 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{dealt, rewrite_down, Visit};
+use super::{dealt, kit, rewrite_down, Visit};
 use row_pass::RowPass;
 
 mod row_pass;
@@ -825,12 +823,11 @@ impl DisplayAs for BroadcastAggregateExec {
 }
 
 impl ExecutionPlan for BroadcastAggregateExec {
+    kit::own_properties!();
+    kit::own_metrics!();
+
     fn name(&self) -> &str {
         "BroadcastAggregateExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -951,9 +948,5 @@ impl ExecutionPlan for BroadcastAggregateExec {
             self.schema(),
             stream,
         )))
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
     }
 }

@@ -5,20 +5,21 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, RecordBatch, RecordBatchOptions};
 use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::error::Result;
 use datafusion::execution::TaskContext;
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::common::spawn_buffered;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
     PlanProperties, SendableRecordBatchStream,
 };
 use futures::StreamExt;
+
+use crate::exec::kit;
 
 /// Batches each input keeps ready ahead of the zip (each input runs on
 /// its own task).
@@ -178,12 +179,13 @@ impl DisplayAs for ZipColumnsExec {
 }
 
 impl ExecutionPlan for ZipColumnsExec {
+    kit::own_properties!();
+    kit::own_metrics!();
+    // No expressions: columns are taken by position.
+    kit::no_expressions!();
+
     fn name(&self) -> &str {
         "ZipColumnsExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.properties
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
@@ -231,18 +233,6 @@ impl ExecutionPlan for ZipColumnsExec {
             Ok(batch.map(|b| (b, state)))
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
-    }
-
-    fn metrics(&self) -> Option<MetricsSet> {
-        Some(self.metrics.clone_inner())
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        // No expressions: columns are taken by position.
-        Ok(TreeNodeRecursion::Continue)
     }
 }
 

@@ -25,7 +25,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::common::{internal_err, Column, DFSchema, DFSchemaRef, TableReference};
+use datafusion::common::{Column, DFSchema, DFSchemaRef, TableReference};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
     cast, lit, Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder,
@@ -34,7 +34,7 @@ use datafusion::logical_expr::{
 
 use super::backward::{aggregate, rename, sum};
 use super::row_check::RowCheck;
-use crate::plan::{columns, left_join_by_identity};
+use crate::plan::{columns, kit, left_join_by_identity};
 use crate::reserved::{Placeholder, GRADIENT};
 use crate::rules::num;
 
@@ -263,34 +263,9 @@ pub fn plain_group_joins(plan: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 impl UserDefinedLogicalNodeCore for GroupJoin {
-    fn name(&self) -> &str {
-        "GroupJoin"
-    }
-
-    fn inputs(&self) -> Vec<&LogicalPlan> {
-        vec![&self.rows, &self.contributions]
-    }
-
-    fn schema(&self) -> &DFSchemaRef {
-        &self.schema
-    }
-
-    fn expressions(&self) -> Vec<Expr> {
-        vec![]
-    }
+    kit::node_without_expressions!("GroupJoin", [rows, contributions]);
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "GroupJoin: gradient of `{}`'s rows", self.names.0)
-    }
-
-    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
-        match <[LogicalPlan; 2]>::try_from(inputs) {
-            Ok([rows, contributions]) if exprs.is_empty() => Ok(Self {
-                rows,
-                contributions,
-                ..self.clone()
-            }),
-            _ => internal_err!("GroupJoin has two inputs and no expressions"),
-        }
     }
 }

@@ -1,0 +1,251 @@
+//! The sums of a contraction's output groups. A group is a pair of numbers,
+//! the probe row's group and the build row's group; each has one sum per
+//! aggregate, and whether a non-NULL product reached it.
+//!
+//! The groups of one probe group lie side by side (`probe · width + build`,
+//! `width` the number of build groups), so a probe row adds its products to
+//! consecutive sums, like a row of a dense product — while the places laid
+//! out stay within a few times the groups met (a matrix product: all of
+//! them). Where the pairs met are sparse in that grid, a hash table gives
+//! each pair its place instead.
+
+use datafusion::arrow::array::{Float64Array, UInt32Array};
+use datafusion::arrow::buffer::NullBuffer;
+use datafusion::common::HashMap;
+
+/// The places the side-by-side layout may lay out beyond four per group
+/// met, before the groups move to a hash table.
+const DENSE_SLACK: usize = 1 << 20;
+
+/// The groups met so far; see the [module docs](self).
+#[derive(Debug)]
+pub(super) struct Groups {
+    aggregates: usize,
+    layout: Layout,
+    /// `aggregates` sums per place.
+    sums: Vec<f64>,
+    /// Whether a non-NULL product reached each sum.
+    seen: Vec<bool>,
+}
+
+#[derive(Debug)]
+enum Layout {
+    /// Place `probe · width + build`; `present[place]`: a joined row
+    /// reached the group; `met` groups are present.
+    Dense {
+        width: usize,
+        present: Vec<bool>,
+        met: usize,
+    },
+    /// Each pair's place, and the pair of each place.
+    Hashed {
+        places: HashMap<u64, u32>,
+        pairs: Vec<(u32, u32)>,
+    },
+}
+
+/// The groups emitted: their probe and build group numbers and sums.
+pub(super) struct Emitted {
+    pub probe: UInt32Array,
+    pub build: UInt32Array,
+    pub sums: Vec<Float64Array>,
+}
+
+impl Groups {
+    /// No groups yet, of pairs whose build numbers are below `width`, with
+    /// `aggregates` sums each.
+    pub fn new(width: usize, aggregates: usize) -> Self {
+        Self {
+            aggregates,
+            layout: Layout::Dense {
+                width: width.max(1),
+                present: Vec::new(),
+                met: 0,
+            },
+            sums: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    /// The bytes held, roughly (for the memory pool).
+    pub fn size(&self) -> usize {
+        let layout = match &self.layout {
+            Layout::Dense { present, .. } => present.capacity(),
+            Layout::Hashed { places, pairs } => places.capacity() * 16 + pairs.capacity() * 8,
+        };
+        layout + self.sums.capacity() * 8 + self.seen.capacity()
+    }
+
+    /// Whether no group has been met.
+    pub fn is_empty(&self) -> bool {
+        match &self.layout {
+            Layout::Dense { met, .. } => *met == 0,
+            Layout::Hashed { pairs, .. } => pairs.is_empty(),
+        }
+    }
+
+    /// The place of the group `(probe, build)`, made if it is new; its
+    /// sums are at `place · aggregates ..`.
+    #[inline]
+    pub fn place(&mut self, probe: u32, build: u32) -> usize {
+        if let Some(place) = self.dense_place(probe, build) {
+            return place;
+        }
+        let Layout::Hashed { places, pairs } = &mut self.layout else {
+            unreachable!("the groups are hashed where they are not side by side")
+        };
+        let key = (probe as u64) << 32 | build as u64;
+        let next = pairs.len() as u32;
+        let place = *places.entry(key).or_insert(next);
+        if place == next {
+            pairs.push((probe, build));
+            self.sums.resize(pairs.len() * self.aggregates, 0.0);
+            self.seen.resize(pairs.len() * self.aggregates, false);
+        }
+        place as usize
+    }
+
+    /// The place of `(probe, build)` side by side, `None` where the groups
+    /// are (or now go) in the hash table.
+    #[inline]
+    fn dense_place(&mut self, probe: u32, build: u32) -> Option<usize> {
+        let Layout::Dense {
+            width,
+            present,
+            met,
+        } = &mut self.layout
+        else {
+            return None;
+        };
+        let place = probe as usize * *width + build as usize;
+        if place >= present.len() {
+            let end = (probe as usize + 1) * *width;
+            if end > 4 * *met + DENSE_SLACK {
+                self.hash();
+                return None;
+            }
+            present.resize(end, false);
+            self.sums.resize(end * self.aggregates, 0.0);
+            self.seen.resize(end * self.aggregates, false);
+        }
+        if !present[place] {
+            present[place] = true;
+            *met += 1;
+        }
+        Some(place)
+    }
+
+    /// The groups met moved to a hash table, their sums with them.
+    fn hash(&mut self) {
+        let Layout::Dense { width, present, .. } = &self.layout else {
+            return;
+        };
+        let (width, m) = (*width, self.aggregates);
+        let mut places = HashMap::default();
+        let mut pairs = Vec::new();
+        let (mut sums, mut seen) = (Vec::new(), Vec::new());
+        for place in (0..present.len()).filter(|&p| present[p]) {
+            let pair = ((place / width) as u32, (place % width) as u32);
+            places.insert((pair.0 as u64) << 32 | pair.1 as u64, pairs.len() as u32);
+            pairs.push(pair);
+            sums.extend_from_slice(&self.sums[place * m..(place + 1) * m]);
+            seen.extend_from_slice(&self.seen[place * m..(place + 1) * m]);
+        }
+        self.layout = Layout::Hashed { places, pairs };
+        self.sums = sums;
+        self.seen = seen;
+    }
+
+    /// Adds `product` (not NULL) to the sum of aggregate `aggregate` at
+    /// `place`.
+    #[inline]
+    pub fn add(&mut self, place: usize, aggregate: usize, product: f64) {
+        let at = place * self.aggregates + aggregate;
+        self.sums[at] += product;
+        self.seen[at] = true;
+    }
+
+    /// Every group met, in the order of their places, and no groups left.
+    pub fn take(&mut self) -> Emitted {
+        let (probe, build, places): (Vec<u32>, Vec<u32>, Vec<usize>) = match &mut self.layout {
+            Layout::Dense {
+                width,
+                present,
+                met,
+            } => {
+                let width = *width;
+                let places: Vec<usize> = (0..present.len()).filter(|&p| present[p]).collect();
+                present.clear();
+                *met = 0;
+                (
+                    places.iter().map(|&p| (p / width) as u32).collect(),
+                    places.iter().map(|&p| (p % width) as u32).collect(),
+                    places,
+                )
+            }
+            Layout::Hashed { places, pairs } => {
+                places.clear();
+                let taken = std::mem::take(pairs);
+                (
+                    taken.iter().map(|p| p.0).collect(),
+                    taken.iter().map(|p| p.1).collect(),
+                    (0..taken.len()).collect(),
+                )
+            }
+        };
+        let sums = (0..self.aggregates)
+            .map(|a| {
+                let at = |p: usize| p * self.aggregates + a;
+                let values: Vec<f64> = places.iter().map(|&p| self.sums[at(p)]).collect();
+                let valid = NullBuffer::from_iter(places.iter().map(|&p| self.seen[at(p)]));
+                Float64Array::new(values.into(), Some(valid))
+            })
+            .collect();
+        self.sums.clear();
+        self.seen.clear();
+        Emitted {
+            probe: probe.into(),
+            build: build.into(),
+            sums,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Array;
+
+    /// The same pairs and sums in both layouts: only groups met, NULL where
+    /// no non-NULL product came.
+    #[test]
+    fn both_layouts_keep_the_groups_met() {
+        for width in [3, DENSE_SLACK + 1] {
+            let mut groups = Groups::new(width, 2);
+            let a = groups.place(2, 1);
+            groups.add(a, 0, 1.5);
+            let b = groups.place(0, 2);
+            groups.add(b, 1, 4.0);
+            let a2 = groups.place(2, 1);
+            assert_eq!(a, a2);
+            groups.add(a2, 0, 2.0);
+            let mut out = groups.take();
+            let mut rows: Vec<(u32, u32, Option<f64>, Option<f64>)> = (0..out.probe.len())
+                .map(|i| {
+                    let v = |s: &Float64Array| s.is_valid(i).then(|| s.value(i));
+                    (
+                        out.probe.value(i),
+                        out.build.value(i),
+                        v(&out.sums[0]),
+                        v(&out.sums[1]),
+                    )
+                })
+                .collect();
+            rows.sort_by_key(|r| (r.0, r.1));
+            assert_eq!(rows, [(0, 2, None, Some(4.0)), (2, 1, Some(3.5), None)]);
+            assert!(groups.is_empty());
+            out = groups.take();
+            assert_eq!(out.probe.len(), 0);
+        }
+    }
+}

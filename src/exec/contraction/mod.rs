@@ -1,0 +1,979 @@
+//! Contractions: sums of products over an inner equijoin, grouped by columns
+//! of its two sides, computed without the joined rows.
+//!
+//! A matrix product written relationally,
+//!
+//! ```sql
+//! SELECT x.n, w.h, sum(x.v * w.val) FROM x JOIN w ON x.d = w.d GROUP BY x.n, w.h
+//! ```
+//!
+//! is planned by DataFusion as a hash join whose output — N·D·H rows for
+//! an N×D and a D×H matrix — a hash aggregate groups into N·H groups: the
+//! joined rows are built, their group keys hashed, one row at a time.
+//! [`Contraction`] replaces the partial aggregate and its join by
+//! [`ContractionExec`], which numbers the join keys and the group keys of
+//! each side once, lists each build row under its key (its group and its
+//! factor of every product), and for each probe row adds its factor times
+//! each listed factor straight into the sums of the groups they make (side
+//! by side where the build side has few groups, like a row of a dense
+//! product). The final aggregate above merges its partial sums as before.
+//!
+//! The answer is the join + aggregate's: a group exists only where a joined
+//! row does; NULL keys match nothing; a row counts as often as it occurs;
+//! a product with a NULL factor is not added, and a group no non-NULL
+//! product reached sums to NULL. Only what these rules cover is replaced —
+//! an inner hash join without a filter, keys and group columns of integer
+//! or string types (SQL equality is their encoding's), `GROUP BY` plain
+//! columns without grouping sets, and every aggregate a `sum` of a `Float64`
+//! product whose factors each read one side (or none) — and anything else
+//! (a `FILTER`, `DISTINCT`, float or decimal keys, another aggregate) stays
+//! the join + aggregate. Under memory pressure the operator emits its
+//! partial sums early, as DataFusion's partial aggregate does. Off with
+//! `SET datafusion_grad.contraction = false`.
+
+mod groups;
+mod numbering;
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch};
+use datafusion::arrow::compute::{concat_batches, take};
+use datafusion::arrow::datatypes::{DataType, Float64Type, SchemaRef};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
+use datafusion::common::{internal_err, DataFusionError, JoinType, NullEquality};
+use datafusion::config::ConfigOptions;
+use datafusion::error::Result;
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Operator;
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
+use datafusion::physical_expr::expressions::{BinaryExpr, Column};
+use datafusion::physical_expr::utils::collect_columns;
+use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
+use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    InputDistributionRequirements, Partitioning, PlanProperties, SendableRecordBatchStream,
+};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{StreamExt, TryStreamExt};
+
+use super::{dealt, kit};
+use crate::options::GradOptions;
+use groups::Groups;
+use numbering::{Nulls, Numbering, NONE};
+
+/// The physical optimizer rule that installs [`ContractionExec`]
+/// (registered by [`crate::register`] and on Ballista's scheduler; runs
+/// after DataFusion's rules; off with `SET datafusion_grad.contraction =
+/// false`).
+#[derive(Debug, Default)]
+pub struct Contraction;
+
+impl PhysicalOptimizerRule for Contraction {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let enabled = config
+            .extensions
+            .get::<GradOptions>()
+            .is_none_or(|o| o.contraction);
+        if !enabled {
+            return Ok(plan);
+        }
+        plan.transform_up(|node| {
+            Ok(match ContractionExec::try_from_plan(&node)? {
+                Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                None => Transformed::no(node),
+            })
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "contraction"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
+
+/// The join's two inputs: the build side, listed under its keys, and the
+/// probe side, streamed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Build,
+    Probe,
+}
+
+/// One side's part of the contraction: expressions over that side's rows.
+#[derive(Debug, Clone)]
+struct Part {
+    /// The join keys.
+    keys: Vec<Arc<dyn PhysicalExpr>>,
+    /// The group columns this side gives.
+    groups: Vec<Arc<dyn PhysicalExpr>>,
+    /// Each aggregate's factor from this side (`None`: 1).
+    factors: Vec<Option<Arc<dyn PhysicalExpr>>>,
+}
+
+impl Part {
+    /// The part's columns of `batch`: its keys, its group columns and its
+    /// factors (`None`: 1).
+    fn evaluate(&self, batch: &RecordBatch) -> Result<Evaluated> {
+        let rows = batch.num_rows();
+        let all = |exprs: &[Arc<dyn PhysicalExpr>]| {
+            exprs
+                .iter()
+                .map(|e| e.evaluate(batch)?.into_array(rows))
+                .collect::<Result<Vec<_>>>()
+        };
+        let factors = self
+            .factors
+            .iter()
+            .map(|f| match f {
+                Some(f) => Ok(Some(
+                    f.evaluate(batch)?
+                        .into_array(rows)?
+                        .as_primitive::<Float64Type>()
+                        .clone(),
+                )),
+                None => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Evaluated {
+            rows,
+            keys: all(&self.keys)?,
+            groups: all(&self.groups)?,
+            factors,
+        })
+    }
+
+    /// A numbering of this side's group columns (`None`: it gives none, all
+    /// its rows are group 0).
+    fn group_numbering(&self, schema: &SchemaRef) -> Result<Option<Numbering>> {
+        if self.groups.is_empty() {
+            return Ok(None);
+        }
+        let types = self
+            .groups
+            .iter()
+            .map(|g| g.data_type(schema))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(Numbering::new(&types, Nulls::Grouped)?))
+    }
+}
+
+/// A side's columns of one batch.
+struct Evaluated {
+    rows: usize,
+    keys: Vec<ArrayRef>,
+    groups: Vec<ArrayRef>,
+    factors: Vec<Option<Float64Array>>,
+}
+
+/// What every partition of a [`ContractionExec`] computes, apart from its
+/// inputs.
+#[derive(Debug)]
+struct Spec {
+    /// The partial aggregate it replaces, down to the join.
+    replaced: Arc<dyn ExecutionPlan>,
+    build: Part,
+    probe: Part,
+    /// Each output group column: the side it comes from, and its place
+    /// among that side's group columns.
+    group_order: Vec<(Side, usize)>,
+    schema: SchemaRef,
+}
+
+/// The build side, listed under its keys.
+#[derive(Debug)]
+struct Build {
+    keys: Numbering,
+    groups: Option<Numbering>,
+    /// The entries of key number `k` are `starts[k]..starts[k + 1]`.
+    starts: Vec<usize>,
+    /// Each entry's build group number.
+    group: Vec<u32>,
+    /// Each entry's factor of every aggregate (`aggregates` per entry;
+    /// 1 where the side has none).
+    factor: Vec<f64>,
+    /// Whether each of those factors is not NULL (empty: none is NULL).
+    valid: Vec<bool>,
+    _memory: MemoryReservation,
+}
+
+type SharedBuild =
+    Shared<BoxFuture<'static, std::result::Result<Arc<Build>, Arc<DataFusionError>>>>;
+
+/// A partial `sum`-of-products aggregate over an inner hash join, computed
+/// without the joined rows (see the [module docs](self)).
+#[derive(Debug)]
+pub struct ContractionExec {
+    spec: Arc<Spec>,
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    /// The join's requirements on its inputs, which this operator keeps.
+    requirements: InputDistributionRequirements,
+    properties: Arc<PlanProperties>,
+    /// The collected build side of the current execution (reset by
+    /// `reset_state`).
+    collected: Mutex<Option<SharedBuild>>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl ContractionExec {
+    /// `Some` when `plan` is a partial aggregate over a join this operator
+    /// can replace.
+    fn try_from_plan(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Self>> {
+        let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else {
+            return Ok(None);
+        };
+        let group_by = aggregate.group_expr();
+        let plain = *aggregate.mode() == AggregateMode::Partial
+            && group_by.is_single()
+            && !group_by.expr().is_empty()
+            && aggregate.filter_expr().iter().all(Option::is_none)
+            && aggregate.limit_options().is_none()
+            && aggregate.aggr_expr().iter().all(|a| float_sum(a));
+        let schema = aggregate.schema();
+        if !plain || schema.fields().len() != group_by.expr().len() + aggregate.aggr_expr().len() {
+            return Ok(None);
+        }
+        // The group keys, then each sum's argument, followed down to the join.
+        let mut exprs: Vec<Arc<dyn PhysicalExpr>> =
+            group_by.expr().iter().map(|(e, _)| Arc::clone(e)).collect();
+        exprs.extend(
+            aggregate
+                .aggr_expr()
+                .iter()
+                .map(|a| Arc::clone(&a.expressions()[0])),
+        );
+        let mut input = aggregate.input();
+        loop {
+            if let Some(projection) = input.downcast_ref::<ProjectionExec>() {
+                let below: Vec<_> = projection.expr().iter().map(|p| &p.expr).collect();
+                exprs = exprs
+                    .into_iter()
+                    .map(|e| substitute(e, |c| Arc::clone(below[c.index()])))
+                    .collect::<Result<_>>()?;
+                input = projection.input();
+            } else if let Some(deal) = dealt(input) {
+                // The joined rows dealt over the partitions: the probe rows
+                // are dealt instead (the same partial sums, per partition).
+                let partitions = deal.partitioning().partition_count();
+                return match collecting(plan, partitions)? {
+                    Some(plan) => Self::try_from_plan(&plan),
+                    None => Ok(None),
+                };
+            } else {
+                break;
+            }
+        }
+        let Some(join) = input.downcast_ref::<HashJoinExec>() else {
+            return Ok(None);
+        };
+        let inner = *join.join_type() == JoinType::Inner
+            && join.filter().is_none()
+            && join.null_equality() == NullEquality::NullEqualsNothing
+            && !join.null_aware
+            && join.fetch().is_none()
+            && matches!(
+                join.partition_mode(),
+                PartitionMode::CollectLeft | PartitionMode::Partitioned
+            );
+        if !inner {
+            return Ok(None);
+        }
+        if *join.partition_mode() == PartitionMode::Partitioned {
+            // Co-partitioned inputs: the build side is collected instead,
+            // and the probe rows stay where they are (not hashed by key).
+            let partitions = join.properties().partitioning.partition_count();
+            return match collecting(plan, partitions)? {
+                Some(plan) => Self::try_from_plan(&plan),
+                None => Ok(None),
+            };
+        }
+        let join_schema = Arc::clone(join.join_schema());
+        if let Some(projection) = &join.projection {
+            exprs = exprs
+                .into_iter()
+                .map(|e| {
+                    substitute(e, |c| {
+                        let at = projection[c.index()];
+                        Arc::new(Column::new(join_schema.field(at).name(), at))
+                    })
+                })
+                .collect::<Result<_>>()?;
+        }
+        let (left, right) = (join.left(), join.right());
+        let width = left.schema().fields().len();
+        let (left_schema, right_schema) = (left.schema(), right.schema());
+        let keys_supported = join.on().iter().all(|(l, r)| {
+            let types = (l.data_type(&left_schema), r.data_type(&right_schema));
+            matches!(types, (Ok(a), Ok(b)) if a == b && numbering::supported(&a))
+        });
+        if !keys_supported {
+            return Ok(None);
+        }
+        let mut build = Part {
+            keys: join.on().iter().map(|(l, _)| Arc::clone(l)).collect(),
+            groups: vec![],
+            factors: vec![],
+        };
+        let mut probe = Part {
+            keys: join.on().iter().map(|(_, r)| Arc::clone(r)).collect(),
+            groups: vec![],
+            factors: vec![],
+        };
+        let groups = group_by.expr().len();
+        let mut group_order = vec![];
+        for e in &exprs[..groups] {
+            let Some(c) = e.downcast_ref::<Column>() else {
+                return Ok(None);
+            };
+            if !numbering::supported(join_schema.field(c.index()).data_type()) {
+                return Ok(None);
+            }
+            let (side, column) = local(c, width);
+            let part = match side {
+                Side::Build => &mut build,
+                Side::Probe => &mut probe,
+            };
+            group_order.push((side, part.groups.len()));
+            part.groups.push(column);
+        }
+        for e in &exprs[groups..] {
+            let Some((b, p)) = split_product(e, &join_schema, width)? else {
+                return Ok(None);
+            };
+            build.factors.push(b);
+            probe.factors.push(p);
+        }
+        let spec = Spec {
+            replaced: Arc::clone(plan),
+            build,
+            probe,
+            group_order,
+            schema,
+        };
+        Ok(Some(Self::new(
+            Arc::new(spec),
+            Arc::clone(left),
+            Arc::clone(right),
+            join.input_distribution_requirements(),
+            Arc::clone(aggregate.properties()),
+        )))
+    }
+
+    fn new(
+        spec: Arc<Spec>,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        requirements: InputDistributionRequirements,
+        properties: Arc<PlanProperties>,
+    ) -> Self {
+        Self {
+            spec,
+            left,
+            right,
+            requirements,
+            properties,
+            collected: Mutex::new(None),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }
+    }
+
+    /// The aggregate and join this operator replaces, over `left` and
+    /// `right`: with [`Self::from_replaced`], how it is rebuilt over new
+    /// inputs and how it travels to Ballista's executors
+    /// (`crate::ballista::codec`).
+    pub fn replaced(
+        &self,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        at_join(Arc::clone(&self.spec.replaced), left, right)
+    }
+
+    /// The operator for `replaced` (a plan of [`Self::replaced`]) over
+    /// `left` and `right`.
+    pub fn from_replaced(
+        replaced: Arc<dyn ExecutionPlan>,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        let plan = at_join(replaced, left, right)?;
+        match Self::try_from_plan(&plan)? {
+            Some(exec) => Ok(exec),
+            None => internal_err!("not a contraction: {}", plan.name()),
+        }
+    }
+
+    /// The build side, collected once for all output partitions.
+    fn build(&self, context: &Arc<TaskContext>) -> SharedBuild {
+        let mut slot = self.collected.lock().expect("build side lock");
+        slot.get_or_insert_with(|| {
+            let plan = Arc::clone(&self.left);
+            let spec = Arc::clone(&self.spec);
+            let context = Arc::clone(context);
+            async move { Build::collect(plan, &spec, &context).await.map(Arc::new) }
+                .map(|r| r.map_err(Arc::new))
+                .boxed()
+                .shared()
+        })
+        .clone()
+    }
+}
+
+/// `plan` with `left` and `right` as the inputs of its first hash join.
+fn at_join(
+    plan: Arc<dyn ExecutionPlan>,
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        Ok(match node.downcast_ref::<HashJoinExec>() {
+            Some(_) => Transformed::new(
+                replace_children_if_necessary(node, vec![Arc::clone(&left), Arc::clone(&right)])?,
+                true,
+                TreeNodeRecursion::Jump,
+            ),
+            None => Transformed::no(node),
+        })
+    })
+    .data()
+}
+
+/// `plan` with its first hash join collecting its build side (the join
+/// mode `CollectLeft`, the build rows in one partition), its probe rows in
+/// at least `partitions` partitions, dealt where they are fewer instead of
+/// hashed by key, and no round-robin repartition between its aggregate and
+/// the join. `None` where no hash join lies below.
+fn collecting(
+    plan: &Arc<dyn ExecutionPlan>,
+    partitions: usize,
+) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let mut joined = false;
+    let plan = Arc::clone(plan)
+        .transform_down(|node| {
+            let (node, removed) = match dealt(&node) {
+                Some(deal) => (Arc::clone(deal.input()), true),
+                None => (node, false),
+            };
+            let Some(join) = node.downcast_ref::<HashJoinExec>() else {
+                return Ok(Transformed::new_transformed(node, removed));
+            };
+            joined = true;
+            let build = unrepartitioned(join.left());
+            let build = match build.output_partitioning().partition_count() {
+                1 => build,
+                _ => Arc::new(CoalescePartitionsExec::new(build)),
+            };
+            let probe = unrepartitioned(join.right());
+            let probe = match probe.output_partitioning().partition_count() < partitions {
+                true => Arc::new(RepartitionExec::try_new(
+                    probe,
+                    Partitioning::RoundRobinBatch(partitions),
+                )?) as Arc<dyn ExecutionPlan>,
+                false => probe,
+            };
+            let join = join
+                .builder()
+                .with_partition_mode(PartitionMode::CollectLeft)
+                .with_new_children(vec![build, probe])?
+                .recompute_properties()
+                .build_exec()?;
+            Ok(Transformed::new(join, true, TreeNodeRecursion::Jump))
+        })
+        .data()?;
+    Ok(joined.then_some(plan))
+}
+
+/// `plan` without the repartitions (by hash or round-robin) on top of it.
+fn unrepartitioned(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    let mut plan = Arc::clone(plan);
+    while let Some(r) = plan.downcast_ref::<RepartitionExec>() {
+        if r.preserve_order() {
+            break;
+        }
+        plan = Arc::clone(r.input());
+    }
+    plan
+}
+
+/// Whether `a` is a `sum` this operator computes: of one `Float64`
+/// argument, its partial state one `Float64` sum.
+fn float_sum(a: &AggregateFunctionExpr) -> bool {
+    let state = a.state_fields();
+    a.fun().name() == "sum"
+        && !a.is_distinct()
+        && a.order_bys().is_empty()
+        && a.expressions().len() == 1
+        && a.field().data_type() == &DataType::Float64
+        && matches!(state.as_deref(), Ok([s]) if s.data_type() == &DataType::Float64)
+}
+
+/// `expr` with every column `c` replaced by `by(c)`.
+fn substitute(
+    expr: Arc<dyn PhysicalExpr>,
+    by: impl Fn(&Column) -> Arc<dyn PhysicalExpr>,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    expr.transform(|e| {
+        Ok(match e.downcast_ref::<Column>() {
+            Some(c) => Transformed::yes(by(c)),
+            None => Transformed::no(e),
+        })
+    })
+    .data()
+}
+
+/// The side of the join output's column `c` (the build side's columns
+/// come first, `width` of them), and the column in that side's rows.
+fn local(c: &Column, width: usize) -> (Side, Arc<dyn PhysicalExpr>) {
+    match c.index() < width {
+        true => (Side::Build, Arc::new(Column::new(c.name(), c.index()))),
+        false => (
+            Side::Probe,
+            Arc::new(Column::new(c.name(), c.index() - width)),
+        ),
+    }
+}
+
+/// A sum's argument over the join output as the product of a build-side
+/// and a probe-side factor (`None`: 1): its `Float64` multiplications
+/// taken apart, each factor reading one side's columns (or none, counted
+/// with the build side). `None` where a factor reads both sides or is not
+/// a `Float64`.
+#[allow(clippy::type_complexity)]
+fn split_product(
+    expr: &Arc<dyn PhysicalExpr>,
+    schema: &SchemaRef,
+    width: usize,
+) -> Result<Option<(Option<Arc<dyn PhysicalExpr>>, Option<Arc<dyn PhysicalExpr>>)>> {
+    let mut factors = vec![];
+    let mut pending = vec![Arc::clone(expr)];
+    while let Some(e) = pending.pop() {
+        if e.data_type(schema)? != DataType::Float64 {
+            return Ok(None);
+        }
+        match e.downcast_ref::<BinaryExpr>() {
+            Some(b) if *b.op() == Operator::Multiply => {
+                pending.push(Arc::clone(b.right()));
+                pending.push(Arc::clone(b.left()));
+            }
+            _ => factors.push(e),
+        }
+    }
+    let (mut build, mut probe) = (None, None);
+    for factor in factors {
+        let columns = collect_columns(&factor);
+        let side = match (
+            columns.iter().all(|c| c.index() < width),
+            columns.iter().all(|c| c.index() >= width),
+        ) {
+            (true, _) => Side::Build,
+            (false, true) => Side::Probe,
+            (false, false) => return Ok(None),
+        };
+        let local = substitute(factor, |c| local(c, width).1)?;
+        let product = match side {
+            Side::Build => &mut build,
+            Side::Probe => &mut probe,
+        };
+        *product = Some(match product.take() {
+            Some(p) => Arc::new(BinaryExpr::new(p, Operator::Multiply, local)),
+            None => local,
+        });
+    }
+    Ok(Some((build, probe)))
+}
+
+impl Build {
+    /// The build side `plan` (one partition), listed under its keys, its
+    /// memory taken from the pool.
+    async fn collect(
+        plan: Arc<dyn ExecutionPlan>,
+        spec: &Spec,
+        context: &Arc<TaskContext>,
+    ) -> Result<Self> {
+        let schema = plan.schema();
+        let types = spec
+            .build
+            .keys
+            .iter()
+            .map(|k| k.data_type(&schema))
+            .collect::<Result<Vec<_>>>()?;
+        let mut keys = Numbering::new(&types, Nulls::Unmatched)?;
+        let mut groups = spec.build.group_numbering(&schema)?;
+        let aggregates = spec.build.factors.len();
+        let memory =
+            MemoryConsumer::new("ContractionExec (build side)").register(context.memory_pool());
+        // Each listed row: its key number, group number and factors.
+        let (mut key, mut group, mut factor, mut valid) = (vec![], vec![], vec![], vec![]);
+        let (mut key_numbers, mut group_numbers) = (vec![], vec![]);
+        let mut stream = plan.execute(0, Arc::clone(context))?;
+        while let Some(batch) = stream.next().await {
+            let side = spec.build.evaluate(&batch?)?;
+            keys.number(&side.keys, &mut key_numbers)?;
+            match &mut groups {
+                Some(g) => g.number(&side.groups, &mut group_numbers)?,
+                None => {
+                    group_numbers.clear();
+                    group_numbers.resize(side.rows, 0);
+                }
+            }
+            for row in 0..side.rows {
+                if key_numbers[row] == NONE {
+                    continue;
+                }
+                key.push(key_numbers[row]);
+                group.push(group_numbers[row]);
+                for f in &side.factors {
+                    let (value, is_valid) = match f {
+                        Some(f) => (f.value(row), f.is_valid(row)),
+                        None => (1.0, true),
+                    };
+                    factor.push(value);
+                    valid.push(is_valid);
+                }
+            }
+            let held = keys.size()
+                + groups.as_ref().map_or(0, Numbering::size)
+                + key.capacity() * 8
+                + factor.capacity() * 9;
+            memory.try_resize(held)?;
+        }
+        keys.freeze();
+        // The rows listed by key number (a counting sort).
+        let mut starts = vec![0usize; keys.len() + 1];
+        for &k in &key {
+            starts[k as usize + 1] += 1;
+        }
+        for k in 0..keys.len() {
+            starts[k + 1] += starts[k];
+        }
+        let mut next = starts.clone();
+        let mut order = vec![0usize; key.len()];
+        for (row, &k) in key.iter().enumerate() {
+            order[next[k as usize]] = row;
+            next[k as usize] += 1;
+        }
+        let all_valid = valid.iter().all(|&v| v);
+        let listed = |per: usize, values: &[f64]| -> Vec<f64> {
+            order
+                .iter()
+                .flat_map(|&row| values[row * per..(row + 1) * per].iter().copied())
+                .collect()
+        };
+        let factor = listed(aggregates, &factor);
+        let valid = match all_valid {
+            true => vec![],
+            false => order
+                .iter()
+                .flat_map(|&row| {
+                    valid[row * aggregates..(row + 1) * aggregates]
+                        .iter()
+                        .copied()
+                })
+                .collect(),
+        };
+        let group = order.iter().map(|&row| group[row]).collect();
+        Ok(Self {
+            keys,
+            groups,
+            starts,
+            group,
+            factor,
+            valid,
+            _memory: memory,
+        })
+    }
+
+    /// How many build groups there are.
+    fn width(&self) -> usize {
+        self.groups.as_ref().map_or(1, Numbering::len)
+    }
+}
+
+/// One output partition's probe rows summed into their groups.
+struct Probe {
+    spec: Arc<Spec>,
+    build: Arc<Build>,
+    groups: Groups,
+    numbering: Option<Numbering>,
+    memory: MemoryReservation,
+    /// Scratch: each probe row's key number and group number.
+    keys: Vec<u32>,
+    numbers: Vec<u32>,
+    /// Probe batches not yet added (small batches are added together).
+    pending: Vec<RecordBatch>,
+    pending_rows: usize,
+}
+
+impl Probe {
+    /// Takes `batch`; adds the rows taken when they make `size`. What
+    /// [`Self::add`] gives.
+    fn push(&mut self, batch: RecordBatch, size: usize) -> Result<Vec<RecordBatch>> {
+        self.pending_rows += batch.num_rows();
+        self.pending.push(batch);
+        match self.pending_rows < size {
+            true => Ok(vec![]),
+            false => self.flush(size),
+        }
+    }
+
+    /// Adds the rows taken and not yet added. What [`Self::add`] gives.
+    fn flush(&mut self, size: usize) -> Result<Vec<RecordBatch>> {
+        let batch = match self.pending.len() {
+            0 => return Ok(vec![]),
+            1 => self.pending.remove(0),
+            _ => concat_batches(&self.pending[0].schema(), &self.pending)?,
+        };
+        self.pending.clear();
+        self.pending_rows = 0;
+        self.add(&batch, size)
+    }
+
+    /// Adds the products of `batch`'s rows; the groups so far as batches
+    /// where their memory could not grow (early, as a partial aggregate
+    /// emits under memory pressure).
+    fn add(&mut self, batch: &RecordBatch, size: usize) -> Result<Vec<RecordBatch>> {
+        let side = self.spec.probe.evaluate(batch)?;
+        self.build.keys.find(&side.keys, &mut self.keys)?;
+        match &mut self.numbering {
+            Some(n) => n.number(&side.groups, &mut self.numbers)?,
+            None => {
+                self.numbers.clear();
+                self.numbers.resize(side.rows, 0);
+            }
+        }
+        let build = &self.build;
+        let aggregates = side.factors.len();
+        let checked =
+            !build.valid.is_empty() || side.factors.iter().flatten().any(|f| f.null_count() > 0);
+        for row in 0..side.rows {
+            let k = self.keys[row];
+            if k == NONE {
+                continue;
+            }
+            let probe_group = self.numbers[row];
+            for entry in build.starts[k as usize]..build.starts[k as usize + 1] {
+                let place = self.groups.place(probe_group, build.group[entry]);
+                for (a, f) in side.factors.iter().enumerate() {
+                    let at = entry * aggregates + a;
+                    if checked {
+                        let valid = f.as_ref().is_none_or(|f| f.is_valid(row))
+                            && (build.valid.is_empty() || build.valid[at]);
+                        if !valid {
+                            continue;
+                        }
+                    }
+                    let p = f.as_ref().map_or(1.0, |f| f.value(row));
+                    self.groups.add(place, a, p * build.factor[at]);
+                }
+            }
+        }
+        let held = self.groups.size() + self.numbering.as_ref().map_or(0, Numbering::size);
+        match self.memory.try_resize(held) {
+            Ok(()) => Ok(vec![]),
+            Err(_) if !self.groups.is_empty() => {
+                let out = self.emit(size)?;
+                self.memory
+                    .try_resize(self.numbering.as_ref().map_or(0, Numbering::size))?;
+                Ok(out)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The groups met so far as batches of at most `size` rows; none left.
+    fn emit(&mut self, size: usize) -> Result<Vec<RecordBatch>> {
+        let emitted = self.groups.take();
+        let probe_values = match &self.numbering {
+            Some(n) => n.values()?,
+            None => vec![],
+        };
+        let build_values = match &self.build.groups {
+            Some(n) => n.values()?,
+            None => vec![],
+        };
+        let mut columns: Vec<ArrayRef> = vec![];
+        for &(side, at) in &self.spec.group_order {
+            let (values, numbers) = match side {
+                Side::Build => (&build_values, &emitted.build),
+                Side::Probe => (&probe_values, &emitted.probe),
+            };
+            columns.push(take(values[at].as_ref(), numbers, None)?);
+        }
+        columns.extend(emitted.sums.into_iter().map(|s| Arc::new(s) as ArrayRef));
+        let batch = RecordBatch::try_new(Arc::clone(&self.spec.schema), columns)?;
+        let rows = batch.num_rows();
+        Ok((0..rows)
+            .step_by(size.max(1))
+            .map(|start| batch.slice(start, size.min(rows - start)))
+            .collect())
+    }
+}
+
+impl DisplayAs for ContractionExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let on: Vec<String> = (self.spec.build.keys.iter())
+            .zip(&self.spec.probe.keys)
+            .map(|(b, p)| format!("({b}, {p})"))
+            .collect();
+        let fields = self.spec.schema.fields();
+        let groups = self.spec.group_order.len();
+        let group_names: Vec<&str> = fields[..groups].iter().map(|f| f.name().as_str()).collect();
+        let sums: Vec<&str> = fields[groups..].iter().map(|f| f.name().as_str()).collect();
+        write!(
+            f,
+            "ContractionExec: gby=[{}], aggr=[{}], on=[{}]",
+            group_names.join(", "),
+            sums.join(", "),
+            on.join(", "),
+        )
+    }
+}
+
+impl ExecutionPlan for ContractionExec {
+    fn name(&self) -> &str {
+        "ContractionExec"
+    }
+
+    kit::own_properties!();
+    kit::own_metrics!();
+
+    fn apply_expressions(
+        &self,
+        f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        let mut recursion = TreeNodeRecursion::Continue;
+        for part in [&self.spec.build, &self.spec.probe] {
+            let factors = part.factors.iter().flatten();
+            for e in part.keys.iter().chain(&part.groups).chain(factors) {
+                recursion = recursion.visit_sibling(|| f(e))?;
+            }
+        }
+        Ok(recursion)
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.left, &self.right]
+    }
+
+    fn input_distribution_requirements(&self) -> InputDistributionRequirements {
+        self.requirements.clone()
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false, true]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let Ok([left, right]) = <[_; 2]>::try_from(children) else {
+            return internal_err!("ContractionExec has two children");
+        };
+        Ok(Arc::new(Self::from_replaced(
+            Arc::clone(&self.spec.replaced),
+            left,
+            right,
+        )?))
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self::new(
+            Arc::clone(&self.spec),
+            Arc::clone(&self.left),
+            Arc::clone(&self.right),
+            self.requirements.clone(),
+            Arc::clone(&self.properties),
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let build = self.build(&context);
+        let probe = self.right.execute(partition, Arc::clone(&context))?;
+        let spec = Arc::clone(&self.spec);
+        let size = context.session_config().batch_size();
+        let memory = MemoryConsumer::new(format!("ContractionExec[{partition}]"))
+            .register(context.memory_pool());
+        let metrics = BaselineMetrics::new(&self.metrics, partition);
+        let probe_schema = self.right.schema();
+        let state = async move {
+            let build = build.await.map_err(DataFusionError::Shared)?;
+            let numbering = spec.probe.group_numbering(&probe_schema)?;
+            let groups = Groups::new(build.width(), spec.probe.factors.len());
+            let sums = Probe {
+                spec,
+                build,
+                groups,
+                numbering,
+                memory,
+                keys: vec![],
+                numbers: vec![],
+                pending: vec![],
+                pending_rows: 0,
+            };
+            // The probe input (`None` once it has ended), the sums, the
+            // batches to give before reading on.
+            Ok::<_, DataFusionError>((Some(probe), sums, Vec::<RecordBatch>::new(), metrics))
+        };
+        let stream = futures::stream::once(state)
+            .map_ok(move |start| {
+                futures::stream::try_unfold(
+                    start,
+                    move |(mut input, mut sums, mut out, metrics)| async move {
+                        loop {
+                            if let Some(batch) = out.pop() {
+                                metrics.record_output(batch.num_rows());
+                                return Ok(Some((batch, (input, sums, out, metrics))));
+                            }
+                            let Some(stream) = input.as_mut() else {
+                                metrics.done();
+                                return Ok(None);
+                            };
+                            match stream.next().await {
+                                Some(batch) => {
+                                    let timer = metrics.elapsed_compute().timer();
+                                    out = sums.push(batch?, size)?;
+                                    timer.done();
+                                    out.reverse();
+                                }
+                                None => {
+                                    input = None;
+                                    out = sums.flush(size)?;
+                                    out.extend(sums.emit(size)?);
+                                    out.reverse();
+                                }
+                            }
+                        }
+                    },
+                )
+            })
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.spec.schema),
+            stream,
+        )))
+    }
+}
