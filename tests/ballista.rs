@@ -576,80 +576,78 @@ async fn the_scheduler_keeps_only_the_loop_invariant_file_scans() -> Result<()> 
     Ok(())
 }
 
-/// A scheduler plans a training step's GROUP BY over the cross join with
-/// the parameters as a broadcast aggregation in each partition (the final
-/// aggregate after the exchange), which travels to the executors through
-/// our codec and computes the same rows there as the hash aggregation.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_scheduler_plans_broadcast_aggregations_that_travel() -> Result<()> {
+/// `query`, planned by a scheduler (after `settings`), holds `operator`,
+/// which travels through the codec as the plan it replaces and is rebuilt
+/// on arrival; the rows are the local ones without it (`off`, a setting).
+/// The plan as planned, for more checks.
+async fn travels(query: &str, settings: &[&str], operator: &str, off: &str) -> Result<String> {
     let dir = tempfile::tempdir()?;
     write_points(dir.path()).await?;
     let scheduler = SessionContext::new_with_state(datafusion_grad::ballista::session_state(
         datafusion_grad::ballista::config(),
     )?);
     register(&scheduler, dir.path()).await?;
+    for setting in settings {
+        set(&scheduler, setting).await?;
+    }
+    let plan = scheduler.sql(query).await?.create_physical_plan().await?;
+    let text = displayable(plan.as_ref()).indent(true).to_string();
+    assert!(text.contains(operator), "{text}");
+    let codec = GradPhysicalCodec::default();
+    let travelled = PhysicalPlanNode::try_from_physical_plan(plan, &codec)?
+        .try_into_physical_plan(&scheduler.task_ctx(), &codec)?;
+    let after = displayable(travelled.as_ref()).indent(true).to_string();
+    assert!(after.contains(operator), "{after}");
+    let batches = collect(travelled, scheduler.task_ctx()).await?;
+    let got = concat_batches(&batches[0].schema(), &batches)?;
+    let local = datafusion_grad::session_context();
+    register(&local, dir.path()).await?;
+    set(&local, off).await?;
+    let expected = rows(&local, query).await?;
+    assert_same(query, &expected, &got);
+    Ok(text)
+}
+
+/// The scheduler plans broadcast aggregations of a step's own partitions:
+/// the final aggregate stays, after an exchange; the operator travels.
+#[tokio::test]
+async fn the_scheduler_plans_broadcast_aggregations_that_travel() -> Result<()> {
     let step = "SELECT w, b, w - 0.5 * grad(avg(power(w * x + b - y, 2)), w) AS w1, \
                 b - 0.5 * grad(avg(power(w * x + b - y, 2)), b) AS b1, count(*) AS n \
                 FROM (VALUES (CAST(0.5 AS DOUBLE), CAST(0.1 AS DOUBLE)), \
                              (CAST(-0.5 AS DOUBLE), CAST(0.1 AS DOUBLE))) AS fit(w, b) \
                 CROSS JOIN t WHERE x > -0.5 GROUP BY w, b ORDER BY w";
-    let plan = scheduler.sql(step).await?.create_physical_plan().await?;
-    let text = displayable(plan.as_ref()).indent(true).to_string();
-    assert!(text.contains("BroadcastAggregateExec"), "{text}");
+    let text = travels(
+        step,
+        &[],
+        "BroadcastAggregateExec",
+        "datafusion_grad.broadcast_aggregate = false",
+    )
+    .await?;
     // each partition's own: the final aggregate stays, after an exchange
     assert!(text.contains("AggregateExec: mode=Final"), "{text}");
     assert!(
         text.contains("RepartitionExec") || text.contains("CoalescePartitionsExec"),
         "{text}"
     );
-    let codec = GradPhysicalCodec::default();
-    let travelled = PhysicalPlanNode::try_from_physical_plan(plan, &codec)?
-        .try_into_physical_plan(&scheduler.task_ctx(), &codec)?;
-    let after = displayable(travelled.as_ref()).indent(true).to_string();
-    assert!(after.contains("BroadcastAggregateExec"), "{after}");
-    let batches = collect(travelled, scheduler.task_ctx()).await?;
-    let got = concat_batches(&batches[0].schema(), &batches)?;
-    // the hash aggregation's rows
-    let local = datafusion_grad::session_context();
-    register(&local, dir.path()).await?;
-    set(&local, "datafusion_grad.broadcast_aggregate = false").await?;
-    let expected = rows(&local, step).await?;
-    assert_same(step, &expected, &got);
     Ok(())
 }
 
 /// A contraction (a partial aggregate of sums of products and its join,
-/// `ContractionExec`) is planned by the scheduler and travels through the
-/// codec as the plan it replaces, rebuilt on arrival: the join + aggregate's
-/// rows.
+/// `ContractionExec`) is planned by the scheduler and travels. Ballista
+/// plans sort-merge joins by default; contractions replace hash joins.
 #[tokio::test]
 async fn the_scheduler_plans_contractions_that_travel() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    write_points(dir.path()).await?;
-    let scheduler = SessionContext::new_with_state(datafusion_grad::ballista::session_state(
-        datafusion_grad::ballista::config(),
-    )?);
-    register(&scheduler, dir.path()).await?;
-    // Ballista plans sort-merge joins by default; contractions replace hash joins.
-    set(&scheduler, "datafusion.optimizer.prefer_hash_join = true").await?;
     let query = "SELECT d.g, p.h, sum(d.x * p.w) AS s, sum(p.w) AS n \
                  FROM (SELECT i % 3 AS k, i % 5 AS g, x FROM t) AS d \
                  JOIN (VALUES (0, 0, 0.5), (1, 0, 1.5), (2, 1, 2.5), (2, 2, -1.0)) AS p(k, h, w) \
                  ON p.k = d.k GROUP BY d.g, p.h ORDER BY d.g, p.h";
-    let plan = scheduler.sql(query).await?.create_physical_plan().await?;
-    let text = displayable(plan.as_ref()).indent(true).to_string();
-    assert!(text.contains("ContractionExec"), "{text}");
-    let codec = GradPhysicalCodec::default();
-    let travelled = PhysicalPlanNode::try_from_physical_plan(plan, &codec)?
-        .try_into_physical_plan(&scheduler.task_ctx(), &codec)?;
-    let after = displayable(travelled.as_ref()).indent(true).to_string();
-    assert!(after.contains("ContractionExec"), "{after}");
-    let batches = collect(travelled, scheduler.task_ctx()).await?;
-    let got = concat_batches(&batches[0].schema(), &batches)?;
-    let local = datafusion_grad::session_context();
-    register(&local, dir.path()).await?;
-    set(&local, "datafusion_grad.contraction = false").await?;
-    let expected = rows(&local, query).await?;
-    assert_same(query, &expected, &got);
+    travels(
+        query,
+        &["datafusion.optimizer.prefer_hash_join = true"],
+        "ContractionExec",
+        "datafusion_grad.contraction = false",
+    )
+    .await?;
     Ok(())
 }

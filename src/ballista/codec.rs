@@ -46,6 +46,65 @@ pub struct GradPhysicalCodec {
     ballista: BallistaPhysicalExtensionCodec,
 }
 
+/// A physical plan.
+type Plan = Arc<dyn ExecutionPlan>;
+
+/// How an operator that replaces an aggregate and its join travels: as the
+/// plan it replaces, its join over placeholders (the operator's own inputs
+/// travel as its children), rebuilt on arrival.
+impl GradPhysicalCodec {
+    /// Placeholders of the schemas of `node`'s two inputs (`name`'s).
+    fn placeholders(
+        &self,
+        node: &Arc<dyn ExecutionPlan>,
+        name: &str,
+    ) -> Result<[Arc<dyn ExecutionPlan>; 2]> {
+        match node.children()[..] {
+            [left, right] => Ok([left, right]
+                .map(|p| Arc::new(EmptyExec::new(p.schema())) as Arc<dyn ExecutionPlan>)),
+            _ => Err(DataFusionError::Internal(format!(
+                "{name} without its two inputs"
+            ))),
+        }
+    }
+
+    /// Writes `prefix` and the plan `replaced` to `buf`.
+    fn encode_replaced(
+        &self,
+        replaced: &Arc<dyn ExecutionPlan>,
+        prefix: &[u8],
+        buf: &mut Vec<u8>,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+    ) -> Result<()> {
+        buf.extend_from_slice(prefix);
+        proto_converter
+            .execution_plan_to_proto(replaced, self)?
+            .encode(buf)
+            .map_err(|e| DataFusionError::Internal(format!("{}: {e}", replaced.name())))
+    }
+
+    /// The plan `encoded` (after its prefix) of `name`, and its two inputs.
+    fn decode_replaced(
+        &self,
+        encoded: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+        proto_converter: &dyn PhysicalProtoConverterExtension,
+        name: &str,
+    ) -> Result<(Plan, Plan, Plan)> {
+        let [left, right] = inputs else {
+            return Err(DataFusionError::Internal(format!(
+                "{name} with {} inputs",
+                inputs.len()
+            )));
+        };
+        let replaced = PhysicalPlanNode::decode(encoded)
+            .map_err(|e| DataFusionError::Internal(format!("{name}: {e}")))?
+            .try_into_physical_plan_with_converter(ctx, self, proto_converter)?;
+        Ok((replaced, Arc::clone(left), Arc::clone(right)))
+    }
+}
+
 impl PhysicalExtensionCodec for GradPhysicalCodec {
     fn try_decode(
         &self,
@@ -62,35 +121,23 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
             return Ok(Arc::new(KeptOnExecutorsExec::new(input, run)));
         }
         if let Some(replaced) = buf.strip_prefix(BROADCAST) {
-            let [left, right] = inputs else {
-                return Err(DataFusionError::Internal(format!(
-                    "BroadcastAggregateExec with {} inputs",
-                    inputs.len()
-                )));
-            };
-            let replaced = PhysicalPlanNode::decode(replaced)
-                .map_err(|e| DataFusionError::Internal(format!("BroadcastAggregateExec: {e}")))?
-                .try_into_physical_plan_with_converter(ctx, self, proto_converter)?;
-            let exec = BroadcastAggregateExec::from_replaced(
+            let (replaced, left, right) = self.decode_replaced(
                 replaced,
-                Arc::clone(left),
-                Arc::clone(right),
+                inputs,
+                ctx,
+                proto_converter,
+                "BroadcastAggregateExec",
             )?;
-            return Ok(Arc::new(exec));
+            return Ok(Arc::new(BroadcastAggregateExec::from_replaced(
+                replaced, left, right,
+            )?));
         }
         if let Some(replaced) = buf.strip_prefix(CONTRACTION) {
-            let [left, right] = inputs else {
-                return Err(DataFusionError::Internal(format!(
-                    "ContractionExec with {} inputs",
-                    inputs.len()
-                )));
-            };
-            let replaced = PhysicalPlanNode::decode(replaced)
-                .map_err(|e| DataFusionError::Internal(format!("ContractionExec: {e}")))?
-                .try_into_physical_plan_with_converter(ctx, self, proto_converter)?;
-            let exec =
-                ContractionExec::from_replaced(replaced, Arc::clone(left), Arc::clone(right))?;
-            return Ok(Arc::new(exec));
+            let (replaced, left, right) =
+                self.decode_replaced(replaced, inputs, ctx, proto_converter, "ContractionExec")?;
+            return Ok(Arc::new(ContractionExec::from_replaced(
+                replaced, left, right,
+            )?));
         }
         self.ballista.try_decode(buf, inputs, ctx, proto_converter)
     }
@@ -107,43 +154,19 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
             return Ok(());
         }
         if let Some(broadcast) = node.downcast_ref::<BroadcastAggregateExec>() {
-            let placeholder = |p: &Arc<dyn ExecutionPlan>| {
-                Arc::new(EmptyExec::new(p.schema())) as Arc<dyn ExecutionPlan>
-            };
-            let [left, right] = node.children()[..] else {
-                return Err(DataFusionError::Internal(
-                    "BroadcastAggregateExec without its two inputs".to_string(),
-                ));
-            };
-            let Some(replaced) = broadcast.replaced(placeholder(left), placeholder(right))? else {
+            let [left, right] = self.placeholders(&node, "BroadcastAggregateExec")?;
+            let Some(replaced) = broadcast.replaced(left, right)? else {
                 return Err(DataFusionError::Internal(
                     "a BroadcastAggregateExec planned locally (merging its partitions) cannot travel"
                         .to_string(),
                 ));
             };
-            buf.extend_from_slice(BROADCAST);
-            proto_converter
-                .execution_plan_to_proto(&replaced, self)?
-                .encode(buf)
-                .map_err(|e| DataFusionError::Internal(format!("BroadcastAggregateExec: {e}")))?;
-            return Ok(());
+            return self.encode_replaced(&replaced, BROADCAST, buf, proto_converter);
         }
         if let Some(contraction) = node.downcast_ref::<ContractionExec>() {
-            let placeholder = |p: &Arc<dyn ExecutionPlan>| {
-                Arc::new(EmptyExec::new(p.schema())) as Arc<dyn ExecutionPlan>
-            };
-            let [left, right] = node.children()[..] else {
-                return Err(DataFusionError::Internal(
-                    "ContractionExec without its two inputs".to_string(),
-                ));
-            };
-            let replaced = contraction.replaced(placeholder(left), placeholder(right))?;
-            buf.extend_from_slice(CONTRACTION);
-            proto_converter
-                .execution_plan_to_proto(&replaced, self)?
-                .encode(buf)
-                .map_err(|e| DataFusionError::Internal(format!("ContractionExec: {e}")))?;
-            return Ok(());
+            let [left, right] = self.placeholders(&node, "ContractionExec")?;
+            let replaced = contraction.replaced(left, right)?;
+            return self.encode_replaced(&replaced, CONTRACTION, buf, proto_converter);
         }
         self.ballista.try_encode(node, buf, proto_converter)
     }

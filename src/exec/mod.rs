@@ -51,7 +51,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::internal_err;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
@@ -160,6 +160,28 @@ pub(crate) fn only_child(
         Ok([child]) => Ok(child),
         Err(_) => internal_err!("{name} has one child"),
     }
+}
+
+/// `plan` with `left` and `right` as the inputs of its first join of type
+/// `J` (from the top): how an operator that replaces an aggregate and its
+/// join is rebuilt over new inputs, and travels to Ballista's executors as
+/// the plan it replaces.
+pub(crate) fn at_join<J: ExecutionPlan + 'static>(
+    plan: Arc<dyn ExecutionPlan>,
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_down(|node| {
+        Ok(match node.downcast_ref::<J>() {
+            Some(_) => Transformed::new(
+                replace_children_if_necessary(node, vec![Arc::clone(&left), Arc::clone(&right)])?,
+                true,
+                TreeNodeRecursion::Jump,
+            ),
+            None => Transformed::no(node),
+        })
+    })
+    .data()
 }
 
 /// The properties of an operator that computes all its rows before it

@@ -50,7 +50,6 @@ use datafusion::physical_plan::aggregates::{
     AggregateExec, AggregateInputMode, AggregateMode, AggregateOutputMode,
 };
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::filter::{batch_filter, FilterExec};
 use datafusion::physical_plan::joins::CrossJoinExec;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, Time};
@@ -64,7 +63,7 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{dealt, kit, rewrite_down, Visit};
+use super::{at_join, dealt, kit, rewrite_down, Visit};
 use row_pass::RowPass;
 
 mod row_pass;
@@ -154,25 +153,6 @@ fn merge_finals(
         plan.downcast_ref::<CoalescePartitionsExec>().is_some() || (may_merge && passes)
     };
     rewrite_down(plan, may_merge, &visit, &pass_on)
-}
-
-/// `plan` with `left` and `right` as the inputs of its first cross join.
-fn at_join(
-    plan: Arc<dyn ExecutionPlan>,
-    left: Arc<dyn ExecutionPlan>,
-    right: Arc<dyn ExecutionPlan>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_down(|node| {
-        Ok(match node.downcast_ref::<CrossJoinExec>() {
-            Some(_) => Transformed::new(
-                replace_children_if_necessary(node, vec![Arc::clone(&left), Arc::clone(&right)])?,
-                true,
-                TreeNodeRecursion::Jump,
-            ),
-            None => Transformed::no(node),
-        })
-    })
-    .data()
 }
 
 /// Aggregates whose ungrouped accumulator has the same intermediate state
@@ -517,7 +497,7 @@ impl BroadcastAggregateExec {
         let own = partitions == self.properties.partitioning.partition_count()
             && self.right.downcast_ref::<RepartitionExec>().is_none();
         match own {
-            true => Ok(Some(at_join(
+            true => Ok(Some(at_join::<CrossJoinExec>(
                 Arc::new(self.pass.aggregate.clone()),
                 left,
                 right,
@@ -533,7 +513,7 @@ impl BroadcastAggregateExec {
         left: Arc<dyn ExecutionPlan>,
         right: Arc<dyn ExecutionPlan>,
     ) -> Result<Self> {
-        let plan = at_join(replaced, left, right)?;
+        let plan = at_join::<CrossJoinExec>(replaced, left, right)?;
         match Self::try_from_plan(&plan, false)? {
             Some(exec) => Ok(exec),
             None => internal_err!("not a broadcast aggregation: {}", plan.name()),

@@ -54,7 +54,6 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
-use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
 use datafusion::physical_plan::projection::ProjectionExec;
@@ -67,7 +66,7 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{dealt, kit};
+use super::{at_join, dealt, kit};
 use crate::options::GradOptions;
 use groups::Groups;
 use numbering::{Nulls, Numbering, NONE};
@@ -405,7 +404,7 @@ impl ContractionExec {
         left: Arc<dyn ExecutionPlan>,
         right: Arc<dyn ExecutionPlan>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        at_join(Arc::clone(&self.spec.replaced), left, right)
+        at_join::<HashJoinExec>(Arc::clone(&self.spec.replaced), left, right)
     }
 
     /// The operator for `replaced` (a plan of [`Self::replaced`]) over
@@ -415,7 +414,7 @@ impl ContractionExec {
         left: Arc<dyn ExecutionPlan>,
         right: Arc<dyn ExecutionPlan>,
     ) -> Result<Self> {
-        let plan = at_join(replaced, left, right)?;
+        let plan = at_join::<HashJoinExec>(replaced, left, right)?;
         match Self::try_from_plan(&plan)? {
             Some(exec) => Ok(exec),
             None => internal_err!("not a contraction: {}", plan.name()),
@@ -436,25 +435,6 @@ impl ContractionExec {
         })
         .clone()
     }
-}
-
-/// `plan` with `left` and `right` as the inputs of its first hash join.
-fn at_join(
-    plan: Arc<dyn ExecutionPlan>,
-    left: Arc<dyn ExecutionPlan>,
-    right: Arc<dyn ExecutionPlan>,
-) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_down(|node| {
-        Ok(match node.downcast_ref::<HashJoinExec>() {
-            Some(_) => Transformed::new(
-                replace_children_if_necessary(node, vec![Arc::clone(&left), Arc::clone(&right)])?,
-                true,
-                TreeNodeRecursion::Jump,
-            ),
-            None => Transformed::no(node),
-        })
-    })
-    .data()
 }
 
 /// `plan` with its first hash join collecting its build side (the join
