@@ -216,15 +216,22 @@ pub enum Device {
     Gpu,
 }
 
+impl GradOptions {
+    /// The setting `pick` chooses in `options`: its default where the
+    /// `datafusion_grad` settings are not registered.
+    pub fn setting<T>(options: &ConfigOptions, pick: impl FnOnce(&GradOptions) -> T) -> T {
+        match options.extensions.get::<GradOptions>() {
+            Some(registered) => pick(registered),
+            None => pick(&GradOptions::default()),
+        }
+    }
+}
+
 impl Device {
     /// The device chosen by `options` (the default where the
     /// `datafusion_grad` settings are not registered).
     pub fn of(options: &ConfigOptions) -> Self {
-        options
-            .extensions
-            .get::<GradOptions>()
-            .map(|o| o.tensor_device)
-            .unwrap_or_default()
+        GradOptions::setting(options, |o| o.tensor_device)
     }
 }
 
@@ -254,11 +261,7 @@ impl RecursionMode {
     /// The mode chosen by `options` (the default where the
     /// `datafusion_grad` settings are not registered).
     pub fn of(options: &ConfigOptions) -> Self {
-        options
-            .extensions
-            .get::<GradOptions>()
-            .map(|o| o.recursion_mode)
-            .unwrap_or_default()
+        GradOptions::setting(options, |o| o.recursion_mode)
     }
 }
 

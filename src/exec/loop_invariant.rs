@@ -92,10 +92,7 @@ impl PhysicalOptimizerRule for LoopInvariants {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let enabled = config
-            .extensions
-            .get::<GradOptions>()
-            .is_none_or(|o| o.cache_loop_invariants);
+        let enabled = GradOptions::setting(config, |o| o.cache_loop_invariants);
         if !enabled {
             return Ok(plan);
         }

@@ -68,10 +68,7 @@ impl PhysicalOptimizerRule for SerialIterations {
                 })
             })?
             .data;
-        let spread = config
-            .extensions
-            .get::<GradOptions>()
-            .is_some_and(|o| o.spread_iterations);
+        let spread = GradOptions::setting(config, |o| o.spread_iterations);
         if spread {
             return Ok(plan);
         }

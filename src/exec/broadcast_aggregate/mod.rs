@@ -96,10 +96,7 @@ impl PhysicalOptimizerRule for BroadcastAggregate {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let enabled = config
-            .extensions
-            .get::<GradOptions>()
-            .is_none_or(|o| o.broadcast_aggregate);
+        let enabled = GradOptions::setting(config, |o| o.broadcast_aggregate);
         if !enabled {
             return Ok(plan);
         }

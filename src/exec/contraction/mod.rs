@@ -84,10 +84,7 @@ impl PhysicalOptimizerRule for Contraction {
         plan: Arc<dyn ExecutionPlan>,
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let enabled = config
-            .extensions
-            .get::<GradOptions>()
-            .is_none_or(|o| o.contraction);
+        let enabled = GradOptions::setting(config, |o| o.contraction);
         if !enabled {
             return Ok(plan);
         }
