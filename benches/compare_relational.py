@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Relational reverse mode on a matrix product written as join + SUM (issue 23).
+"""Relational reverse mode on models written as join + SUM (issues 23, 47).
+
+The matrix product (``--model product``, the default):
 
 X (N x D) and W (D x H) are tables of (row, col, value) triples (made from
 one series each, so they come in full batches, as a file's rows do); the forward
@@ -24,10 +26,22 @@ The script checks both gradients against NumPy's closed forms and fails
 ratios to the forward query and to NumPy. The peer's published figure for
 the same shapes: backward about 12x the forward.
 
+Matrix factorization (``--model factorization``): ratings r(i, j, val)
+(``--rows`` of them, each (user, item) pair once) predicted by
+``sum(u.val * v.val)`` over ``r JOIN u ON u.i = r.i JOIN v ON v.j = r.j AND
+v.k = u.k GROUP BY r.i, r.j`` for user factors u(i, k, val) and item
+factors v(j, k, val) (``--users`` x ``--factors``, ``--items`` x
+``--factors``), the loss the sum of squared errors; timed: the forward loss,
+and its gradients with respect to every row of u and of v. NumPy does the
+same vectorized: gather the factor rows, a row-wise dot, and the gradients
+scattered by ``np.add.reduceat`` over the ratings sorted by user (by item),
+sorted before the clock starts.
+
 Usage:
 
     python3 benches/compare_relational.py                 # N = 50,000, D = 16, H = 8
     python3 benches/compare_relational.py --rows 5000 --repeat 3
+    python3 benches/compare_relational.py --model factorization   # 500,000 ratings, 16 factors
     DFGRAD=target/release/dfgrad python3 benches/compare_relational.py
 """
 
@@ -42,15 +56,8 @@ import time
 import numpy as np
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=50_000)
-    ap.add_argument("--inner", type=int, default=16)
-    ap.add_argument("--outer", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=4)
-    ap.add_argument("--tolerance", type=float, default=1e-6)
-    args = ap.parse_args()
-    dfgrad = os.environ.get("DFGRAD", "target/release/dfgrad")
+def product(args):
+    """The matrix product: setup SQL, queries, NumPy's answers and timer."""
     n, d, h = args.rows, args.inner, args.outer
     setup = f"""
 CREATE TABLE x AS SELECT n, d, sin(n * 0.37 + d) AS v
@@ -67,6 +74,117 @@ CREATE VIEW mm_loss AS SELECT sum(y * y) AS loss
         "grad X": "SELECT sum(g * ((n % 7) + 1) * (d + 1)) AS r FROM "
         "(SELECT n, d, grad((SELECT loss FROM mm_loss), v) AS g FROM x);",
     }
+    xs = np.sin(np.arange(n)[:, None] * 0.37 + np.arange(d)[None, :])
+    ws = np.cos(np.arange(d)[:, None] * 1.3 + np.arange(h)[None, :])
+
+    def forward():
+        y = xs @ ws
+        return float(np.sum(y * y))
+
+    def grad_w():
+        return 2 * xs.T @ (xs @ ws)
+
+    def grad_x():
+        return 2 * (xs @ ws) @ ws.T
+
+    expected = {
+        "forward": forward(),
+        "grad W": float(np.sum(grad_w() * (np.arange(d)[:, None] + 1) * (np.arange(h)[None, :] + 1))),
+        "grad X": float(np.sum(grad_x() * ((np.arange(n)[:, None] % 7) + 1) * (np.arange(d)[None, :] + 1))),
+    }
+    numpy = {"forward": forward, "grad W": grad_w, "grad X": grad_x}
+    return f"N={n} D={d} H={h}", setup, queries, expected, numpy
+
+
+def factorization(args):
+    """Matrix factorization: setup SQL, queries, NumPy's answers and timer."""
+    r, users, items, k = args.rows, args.users, args.items, args.factors
+    per_user = -(-r // users)
+    if per_user > items:
+        sys.exit("more ratings than (user, item) pairs")
+    # rating t: user t % users, item (t // users * step + user * 11) % items;
+    # with step coprime to items, a user's items are distinct.
+    step = next(s for s in range(37, items + 37) if np.gcd(s, items) == 1)
+    setup = f"""
+CREATE TABLE r AS SELECT i, j, sin(i * 0.5 + j * 0.25) AS val FROM (
+  SELECT value % {users} AS i, ((value / {users}) * {step} + (value % {users}) * 11) % {items} AS j
+  FROM generate_series(0, {r - 1}));
+CREATE TABLE u AS SELECT i, k, 0.1 * sin(i * 0.37 + k) AS val
+  FROM (SELECT value / {k} AS i, value % {k} AS k FROM generate_series(0, {users * k - 1}));
+CREATE TABLE v AS SELECT j, k, 0.1 * cos(j * 1.3 + k) AS val
+  FROM (SELECT value / {k} AS j, value % {k} AS k FROM generate_series(0, {items * k - 1}));
+CREATE VIEW mf_pred AS SELECT r.i, r.j, sum(u.val * v.val) AS p
+  FROM r JOIN u ON u.i = r.i JOIN v ON v.j = r.j AND v.k = u.k GROUP BY r.i, r.j;
+CREATE VIEW mf_loss AS SELECT sum((q.p - r.val) * (q.p - r.val)) AS loss
+  FROM mf_pred q JOIN r ON r.i = q.i AND r.j = q.j;
+"""
+    queries = {
+        "forward": "SELECT loss AS r FROM mf_loss;",
+        "grad U": "SELECT sum(g * ((i % 7) + 1) * (k + 1)) AS r FROM "
+        "(SELECT i, k, grad((SELECT loss FROM mf_loss), val) AS g FROM u);",
+        "grad V": "SELECT sum(g * ((j % 5) + 1) * (k + 1)) AS r FROM "
+        "(SELECT j, k, grad((SELECT loss FROM mf_loss), val) AS g FROM v);",
+    }
+    t = np.arange(r)
+    ri = t % users
+    rj = ((t // users) * step + ri * 11) % items
+    if len(set(zip(ri.tolist(), rj.tolist()))) != r:
+        sys.exit("ratings repeat a (user, item) pair")
+    rv = np.sin(ri * 0.5 + rj * 0.25)
+    us = 0.1 * np.sin(np.arange(users)[:, None] * 0.37 + np.arange(k)[None, :])
+    vs = 0.1 * np.cos(np.arange(items)[:, None] * 1.3 + np.arange(k)[None, :])
+    # sorted by user and by item before the clock starts, for reduceat
+    by_user, by_item = np.argsort(ri, kind="stable"), np.argsort(rj, kind="stable")
+
+    def scattered(order, rows, values, count):
+        ids = rows[order]
+        starts = np.flatnonzero(np.r_[True, ids[1:] != ids[:-1]])
+        out = np.zeros((count, k))
+        out[ids[starts]] = np.add.reduceat(values[order], starts, axis=0)
+        return out
+
+    def errors():
+        return np.einsum("ij,ij->i", us[ri], vs[rj]) - rv
+
+    def forward():
+        e = errors()
+        return float(e @ e)
+
+    def grad_u():
+        return scattered(by_user, ri, 2 * errors()[:, None] * vs[rj], users)
+
+    def grad_v():
+        return scattered(by_item, rj, 2 * errors()[:, None] * us[ri], items)
+
+    expected = {
+        "forward": forward(),
+        "grad U": float(np.sum(grad_u() * ((np.arange(users)[:, None] % 7) + 1) * (np.arange(k)[None, :] + 1))),
+        "grad V": float(np.sum(grad_v() * ((np.arange(items)[:, None] % 5) + 1) * (np.arange(k)[None, :] + 1))),
+    }
+    numpy = {"forward": forward, "grad U": grad_u, "grad V": grad_v}
+    return f"R={r} users={users} items={items} K={k}", setup, queries, expected, numpy
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=("product", "factorization"), default="product")
+    ap.add_argument("--rows", type=int, help="N (product; 50,000) or ratings (factorization; 500,000)")
+    ap.add_argument("--inner", type=int, default=16)
+    ap.add_argument("--outer", type=int, default=8)
+    ap.add_argument("--users", type=int, default=6_000)
+    ap.add_argument("--items", type=int, default=4_000)
+    ap.add_argument("--factors", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=4)
+    ap.add_argument("--tolerance", type=float, default=1e-6)
+    args = ap.parse_args()
+    dfgrad = os.environ.get("DFGRAD", "target/release/dfgrad")
+    if args.model == "product":
+        args.rows = args.rows or 50_000
+        shape, setup, queries, expected, numpy = product(args)
+    else:
+        args.rows = args.rows or 500_000
+        shape, setup, queries, expected, numpy = factorization(args)
+    setup_statements = setup.count(";")
     order = []
     for k in range(args.repeat):
         names = list(queries)
@@ -80,7 +198,8 @@ CREATE VIEW mm_loss AS SELECT sum(y * y) AS loss
         )
         if out.returncode != 0:
             sys.exit(f"dfgrad failed: {out.stderr}")
-        elapsed = [float(t) for t in re.findall(r"Elapsed ([0-9.]+) seconds", out.stdout + out.stderr)][4:]
+        elapsed = [float(t) for t in re.findall(r"Elapsed ([0-9.]+) seconds", out.stdout + out.stderr)]
+        elapsed = elapsed[1 + setup_statements:]
         values = [float(v) for v in re.findall(r"^\| ([-0-9.e+]+)\s*\|$", out.stdout, re.M)]
         times = {name: [] for name in queries}
         results = {}
@@ -88,37 +207,18 @@ CREATE VIEW mm_loss AS SELECT sum(y * y) AS loss
             times[name].append(t)
             results[name] = v
         runs[mode] = (times, results)
-    # NumPy's closed forms, reduced the same way.
-    xs = np.sin(np.arange(n)[:, None] * 0.37 + np.arange(d)[None, :])
-    ws = np.cos(np.arange(d)[:, None] * 1.3 + np.arange(h)[None, :])
-    y = xs @ ws
-    dw = 2 * xs.T @ y
-    dx = 2 * y @ ws.T
-    expected = {
-        "forward": float(np.sum(y * y)),
-        "grad W": float(np.sum(dw * (np.arange(d)[:, None] + 1) * (np.arange(h)[None, :] + 1))),
-        "grad X": float(np.sum(dx * ((np.arange(n)[:, None] % 7) + 1) * (np.arange(d)[None, :] + 1))),
-    }
     numpy_times = {name: [] for name in queries}
     for _ in range(args.repeat):
-        t = time.perf_counter()
-        y = xs @ ws
-        float(np.sum(y * y))
-        numpy_times["forward"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        y = xs @ ws
-        2 * xs.T @ y
-        numpy_times["grad W"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        y = xs @ ws
-        2 * y @ ws.T
-        numpy_times["grad X"].append(time.perf_counter() - t)
+        for name, f in numpy.items():
+            t = time.perf_counter()
+            f()
+            numpy_times[name].append(time.perf_counter() - t)
     worst = max(
         abs(results[k] - expected[k]) / (1 + abs(expected[k]))
         for _, results in runs.values()
         for k in queries
     )
-    print(f"N={n} D={d} H={h}, {args.repeat} runs each, dfgrad {dfgrad}")
+    print(f"{args.model} {shape}, {args.repeat} runs each, dfgrad {dfgrad}")
     print("| query | contraction (s) | join + aggregate (s) | NumPy (s) | contraction / NumPy | contraction / forward |")
     print("|---|---|---|---|---|---|")
     forward = statistics.median(runs["on"][0]["forward"])

@@ -47,6 +47,11 @@ const FROMS: &[(&str, &str)] = &[
         "p JOIN p AS q ON q.g < p.g JOIN d ON d.g = q.g",
         "p.val * q.val",
     ),
+    // three inputs, a condition on the data alone in the ON clause
+    (
+        "d JOIN p ON p.g = d.g JOIN d AS e ON e.g = d.g AND e.x > d.x - 1",
+        "p.val * e.x",
+    ),
 ];
 
 /// A random loss query over `p` and `d` with one column `loss`.

@@ -23,7 +23,10 @@
 //!   table more than once (a training step's loss over its parameters), as
 //!   a node of their own;
 //! - [`adjoint_loop`]: reverse mode through a recursive query's iterations
-//!   (each row's iterations replayed forwards, then backwards), as a node.
+//!   (each row's iterations replayed forwards, then backwards), as a node;
+//! - [`cross_joins`]: DataFusion's `eliminate_cross_join`, kept from
+//!   merging joins that match NULL keys differently (the backward passes'
+//!   joins of group adjoints with a loss's joins).
 //!
 //! This layer says what a derivative *is*, as logical plans and logical
 //! nodes (what every node writes alike is written once, in `kit`); how
@@ -38,6 +41,7 @@
 pub mod adjoint_loop;
 pub mod analyzer;
 pub mod bindings;
+pub mod cross_joins;
 pub mod dml;
 pub mod expand;
 pub mod free_variables;

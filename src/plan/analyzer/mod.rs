@@ -62,6 +62,7 @@ use tables::{hoist_markers, through_tables};
 use visible::widen_aggregate_inputs;
 
 use super::columns;
+use super::cross_joins::CrossJoinsKeepingNulls;
 use super::dml::inline_updates;
 use super::expand::expand_markers;
 use super::free_variables::{has_outer_variable, outer_variables};
@@ -96,12 +97,22 @@ impl AnalyzerRule for GradAnalyzer {
 }
 
 /// `state` with the rewrite installed: [`GradAnalyzer`] after its analyzer
-/// rules and [`GradBeforeOptimizing`] before its optimizer rules (by
+/// rules and [`GradBeforeOptimizing`] before its optimizer rules, and
+/// DataFusion's `eliminate_cross_join` kept from merging joins that match
+/// NULL keys differently ([`CrossJoinsKeepingNulls`]) (by
 /// `crate::register`, and in a Ballista scheduler's state).
 pub fn with_rewrite_rules(state: SessionState) -> SessionState {
     let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
         vec![Arc::new(GradBeforeOptimizing)];
-    optimizer_rules.extend(state.optimizers().iter().cloned());
+    let cross_joins = CrossJoinsKeepingNulls::default();
+    optimizer_rules.extend(state.optimizers().iter().map(|rule| {
+        match rule.name() == cross_joins.name() {
+            true => {
+                Arc::new(CrossJoinsKeepingNulls::default()) as Arc<dyn OptimizerRule + Send + Sync>
+            }
+            false => Arc::clone(rule),
+        }
+    }));
     SessionStateBuilder::new_from_existing(state)
         .with_analyzer_rule(Arc::new(GradAnalyzer))
         .with_optimizer_rules(optimizer_rules)
