@@ -208,3 +208,145 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
     assert!(contracted > 24 * queries.len() / 2, "{contracted}");
     Ok(())
 }
+
+/// The gradient of `Σ y²`, `y = Σ x.v·w.v` over `x JOIN w GROUP BY x.a,
+/// w.b`, with respect to every row of `w` (`2·Xᵀ·Y` where nothing is NULL),
+/// against the sums written out here with SQL's
+/// rules: NULL keys match nothing, a NULL product is not added, a group of
+/// NULL products is NULL and sends nothing, duplicate rows count twice, a
+/// NULL weight has a NULL gradient.
+#[tokio::test]
+async fn gradients_of_a_product_are_its_sums() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(4747);
+    for case in 0..12 {
+        let (n, d, h) = (
+            rng.random_range(1..30),
+            rng.random_range(1..10),
+            rng.random_range(1..8),
+        );
+        let nulls = [0.0, 0.1, 0.3][case % 3];
+        let maybe = |rng: &mut StdRng, v: i64| (!rng.random_bool(nulls)).then_some(v);
+        let x: Vec<(Option<i64>, Option<i64>, Option<f64>)> = (0..rng.random_range(0..300))
+            .map(|_| {
+                let a = rng.random_range(0..n);
+                let b = rng.random_range(0..d + 2);
+                let v = rng.random_range(-2.0..2.0);
+                (
+                    maybe(&mut rng, a),
+                    maybe(&mut rng, b),
+                    maybe(&mut rng, 0).map(|_| v),
+                )
+            })
+            .collect();
+        let mut w: Vec<(Option<i64>, i64, Option<f64>)> = Vec::new();
+        for k in 0..d {
+            for j in 0..h {
+                if rng.random_bool(0.7) {
+                    let v = rng.random_range(-2.0..2.0);
+                    w.push((Some(k), j, maybe(&mut rng, 0).map(|_| v)));
+                }
+            }
+        }
+        w.push((None, 0, Some(1.5)));
+        // y per group, as the forward query computes it
+        let mut y: BTreeMap<(Option<i64>, i64), Option<f64>> = BTreeMap::new();
+        for &(a, b, xv) in &x {
+            for &(k, j, wv) in &w {
+                if b.is_none() || b != k {
+                    continue;
+                }
+                let sum = y.entry((a, j)).or_insert(None);
+                if let (Some(xv), Some(wv)) = (xv, wv) {
+                    *sum = Some(sum.unwrap_or(0.0) + xv * wv);
+                }
+            }
+        }
+        let expected: Vec<Option<f64>> = (w.iter())
+            .map(|&(k, j, wv)| {
+                wv?;
+                let mut g = 0.0;
+                for &(a, b, xv) in &x {
+                    if let (Some(b), Some(k), Some(xv)) = (b, k, xv) {
+                        if b == k {
+                            if let Some(Some(y)) = y.get(&(a, j)) {
+                                g += 2.0 * y * xv;
+                            }
+                        }
+                    }
+                }
+                Some(g)
+            })
+            .collect();
+
+        let int = |values: Vec<Option<i64>>| Arc::new(Int64Array::from(values)) as ArrayRef;
+        let float = |values: Vec<Option<f64>>| Arc::new(Float64Array::from(values)) as ArrayRef;
+        let schema = |a: bool| {
+            Arc::new(Schema::new(vec![
+                Field::new("a", DataType::Int64, true),
+                Field::new("b", DataType::Int64, a),
+                Field::new("v", DataType::Float64, true),
+            ]))
+        };
+        let xs = RecordBatch::try_new(
+            schema(true),
+            vec![
+                int(x.iter().map(|r| r.0).collect()),
+                int(x.iter().map(|r| r.1).collect()),
+                float(x.iter().map(|r| r.2).collect()),
+            ],
+        )?;
+        let ws = RecordBatch::try_new(
+            schema(false),
+            vec![
+                int(w.iter().map(|r| r.0).collect()),
+                int(w.iter().map(|r| Some(r.1)).collect()),
+                float(w.iter().map(|r| r.2).collect()),
+            ],
+        )?;
+        let ctx = datafusion_grad::session_context_with_config(
+            SessionConfig::new().with_target_partitions(2 + case % 2),
+        );
+        ctx.register_batch("x", xs)?;
+        ctx.register_batch("w", ws)?;
+        ctx.sql(
+            "CREATE VIEW l AS SELECT sum(y * y) AS loss FROM (SELECT x.a, w.b, \
+             sum(x.v * w.v) AS y FROM x JOIN w ON x.b = w.a GROUP BY x.a, w.b)",
+        )
+        .await?
+        .collect()
+        .await?;
+        let sql = "SELECT w.a, w.b, w.v, grad((SELECT loss FROM l), w.v) AS g FROM w";
+        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        let mut got: BTreeMap<(Option<i64>, i64), Option<f64>> = BTreeMap::new();
+        for batch in collect(plan, ctx.task_ctx()).await? {
+            let col = |c: usize| {
+                batch
+                    .column(c)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+            };
+            let g = batch
+                .column(3)
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap();
+            for row in 0..batch.num_rows() {
+                let k = col(0).is_valid(row).then(|| col(0).value(row));
+                let gradient = g.is_valid(row).then(|| g.value(row));
+                got.insert((k, col(1).value(row)), gradient);
+            }
+        }
+        assert_eq!(got.len(), w.len(), "case {case}");
+        for (&(k, j, _), e) in w.iter().zip(&expected) {
+            let g = got[&(k, j)];
+            let same = match (g, e) {
+                (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(same, "case {case}, w row ({k:?}, {j}): {g:?} vs {e:?}");
+        }
+    }
+    Ok(())
+}
