@@ -5,14 +5,15 @@
 #
 # Here (the build machine), pack the binaries of this tree into .gpu/ (which
 # .git/info/exclude ignores), one xz archive with a large dictionary so the
-# four binaries' shared code is stored once (~57 MB):
+# three binaries' shared code is stored once (the library's unit tests are
+# in the suite, tests/unit/):
 #
 #   ARGS="--workspace --features datafusion-grad/cuda,datafusion-grad/ballista,datafusion-grad-python/test-build"
-#   cargo test $ARGS -p datafusion-grad --no-run --lib --test suite --bench gpu_gemm   # prints the paths
+#   cargo test $ARGS -p datafusion-grad --no-run --test suite --bench gpu_gemm   # prints the paths
 #   cargo build $ARGS --bin dfgrad
-#   strip -o /tmp/lib <lib test binary>; strip -o /tmp/suite <suite binary>
+#   strip -o /tmp/suite <suite binary>
 #   strip -o /tmp/gpu_gemm <gpu_gemm binary>; strip -o /tmp/dfgrad <target>/debug/dfgrad
-#   mkdir -p .gpu && (cd /tmp && tar cf - lib suite dfgrad gpu_gemm) \
+#   mkdir -p .gpu && (cd /tmp && tar cf - suite dfgrad gpu_gemm) \
 #       | xz -6 --lzma2=preset=6,dict=1GiB -T1 > .gpu/gpubins.tar.xz
 #
 # then run `bash benches/gpu_device_check.sh` there with `.gpu` carried; what
@@ -29,8 +30,8 @@ L=$(dirname "$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libcublas.so 2>/dev/
 echo "cublas dir: $L"
 export LD_LIBRARY_PATH=$L:$LD_LIBRARY_PATH
 export DFGRAD_REQUIRE_GPU=1
-/tmp/b/lib tensor:: 2>&1 | tail -30 | tee "$OUT/lib.txt"
-/tmp/b/suite cuda:: 2>&1 | tail -12 | tee "$OUT/suite_cuda.txt"
+/tmp/b/suite unit::tensor_ 2>&1 | tail -30 | tee "$OUT/unit_tensor.txt"
+/tmp/b/suite cuda:: --skip unit:: 2>&1 | tail -12 | tee "$OUT/suite_cuda.txt"
 unset DFGRAD_REQUIRE_GPU
 stamp tests
 timeout 200 /tmp/b/gpu_gemm --bench --warm-up-time 0.2 --measurement-time 0.6 2>&1 \

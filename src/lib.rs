@@ -34,14 +34,17 @@
 //! | physical planning | [`physical_planner`] | our logical nodes planned as our operators: the one module that knows both |
 //! | frontends | [`marker`], [`table_factor`], [`export`], `substrait` (feature) | the SQL functions, `grad(loss, tbl.col)` in FROM, SQL text export, Substrait |
 //! | installation | this crate root: [`register`], [`session_context`] | everything installed into a `SessionContext` |
-//! | on top | `ballista` (feature), `dfgrad` (binary), the Python package | distributed execution, the CLI, Python |
+//! | on top | `ballista` (feature), [`cli`] (the `dfgrad` binary's shell), the Python package | distributed execution, the CLI, Python |
 //!
 //! Errors are typed ([`GradError`], [`ErrorKind`]).
 
 // foundation
 pub mod error;
 pub mod options;
-mod reserved;
+// pub for the tests in tests/unit/reserved.rs, plan_free_variables.rs and
+// plan_lineage.rs
+#[doc(hidden)]
+pub mod reserved;
 
 // primitives
 pub mod rules;
@@ -65,6 +68,9 @@ pub mod marker;
 #[cfg(feature = "substrait")]
 pub mod substrait;
 pub mod table_factor;
+
+// on top
+pub mod cli;
 
 use std::sync::{Arc, RwLock};
 

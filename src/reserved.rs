@@ -38,7 +38,7 @@ use datafusion::logical_expr::Expr;
 /// A family of placeholder columns `{prefix}{k}`, unqualified: each stands
 /// for item `k` of a list while an expression is rewritten.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Placeholder {
+pub enum Placeholder {
     /// A rule template's argument (`__dfgrad_arg{i}`).
     Arg,
     /// A nested marker's derivative (`__dfgrad_node{k}`).
@@ -96,12 +96,12 @@ impl Placeholder {
     }
 
     /// The name of item `k`.
-    pub(crate) fn name(self, k: usize) -> String {
+    pub fn name(self, k: usize) -> String {
         format!("{}{k}", self.prefix())
     }
 
     /// The (unqualified) column of item `k`.
-    pub(crate) fn column(self, k: usize) -> Expr {
+    pub fn column(self, k: usize) -> Expr {
         Expr::Column(Column::new_unqualified(self.name(k)))
     }
 
@@ -112,7 +112,7 @@ impl Placeholder {
     }
 
     /// `k` when `c` is this family's column of item `k`.
-    pub(crate) fn index(self, c: &Column) -> Option<usize> {
+    pub fn index(self, c: &Column) -> Option<usize> {
         match c.relation {
             None => c.name.strip_prefix(self.prefix())?.parse().ok(),
             Some(_) => None,
@@ -133,7 +133,7 @@ impl Placeholder {
 }
 
 /// The qualifier of the `k`-th localized outer variable (`__dfgrad_outer{k}`).
-pub(crate) fn outer_qualifier(k: usize) -> TableReference {
+pub fn outer_qualifier(k: usize) -> TableReference {
     TableReference::bare(format!("__dfgrad_outer{k}"))
 }
 
@@ -249,7 +249,7 @@ pub(crate) const INPUT_ALIAS: &str = "__dfgrad_input";
 
 /// A prefix `__dfgrad{m}_` for bound columns that no column of `schema`
 /// starts with.
-pub(crate) fn binding_prefix(schema: &DFSchema) -> String {
+pub fn binding_prefix(schema: &DFSchema) -> String {
     (0..)
         .map(|m| format!("__dfgrad{m}_"))
         .find(|p| !schema.fields().iter().any(|f| f.name().starts_with(p)))
@@ -259,7 +259,7 @@ pub(crate) fn binding_prefix(schema: &DFSchema) -> String {
 /// Whether `name` is a column the analyzer binds (`__dfgrad{m}_{node}`, with
 /// a prefix from [`binding_prefix`]), or one DataFusion's
 /// common-subexpression elimination computes (`__common_expr_{n}`).
-pub(crate) fn is_bound_name(name: &str) -> bool {
+pub fn is_bound_name(name: &str) -> bool {
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if let Some(n) = name.strip_prefix("__common_expr_") {
         return digits(n);
@@ -267,35 +267,4 @@ pub(crate) fn is_bound_name(name: &str) -> bool {
     name.strip_prefix("__dfgrad")
         .and_then(|rest| rest.split_once('_'))
         .is_some_and(|(m, node)| digits(m) && !node.is_empty())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn placeholders_round_trip() {
-        for family in [Placeholder::Arg, Placeholder::Node, Placeholder::Acero] {
-            let Expr::Column(c) = family.column(7) else {
-                panic!("a column")
-            };
-            assert_eq!(family.index(&c), Some(7));
-            assert_eq!(Placeholder::Root.index(&c), None);
-        }
-        let qualified = Column::new(Some("t"), Placeholder::Node.name(1));
-        assert_eq!(Placeholder::Node.index(&qualified), None);
-    }
-
-    #[test]
-    fn bound_names() {
-        let schema = DFSchema::empty();
-        let prefix = binding_prefix(&schema);
-        assert_eq!(prefix, "__dfgrad0_");
-        assert!(is_bound_name(&format!("{prefix}15")));
-        assert!(is_bound_name("__dfgrad12_root"));
-        assert!(!is_bound_name(&Placeholder::AddedAggregate.name(0)));
-        assert!(!is_bound_name("__dfgrad0_"));
-        assert!(is_bound_name("__common_expr_1"));
-        assert!(!is_bound_name("__common_expr_"));
-    }
 }

@@ -30,6 +30,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("substrait", 5),
     ("lib", 6),
     ("ballista", 6),
+    ("cli", 7),
 ];
 
 fn layer(module: &str) -> u8 {

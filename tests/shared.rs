@@ -1,7 +1,7 @@
 //! Shared subplans (`datafusion_grad::exec::shared`): relational reverse mode
 //! computes each forward aggregate once, however often its backward pass
 //! reads it. (A result too large for the memory pool: the unit tests of
-//! `src/plan/shared.rs`.)
+//! `src/exec/shared.rs`, `tests/unit/exec_shared.rs`.)
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -55,3 +55,6 @@ mod substrait;
 mod tensor_properties;
 #[path = "training.rs"]
 mod training;
+/// The library's unit tests (`tests/unit/`), one file per module of `src/`.
+#[path = "unit/mod.rs"]
+mod unit;

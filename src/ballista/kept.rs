@@ -214,7 +214,9 @@ impl Keeping {
 }
 
 /// A kept partition.
-struct Entry {
+// pub for the tests in tests/unit/ballista_kept.rs
+#[doc(hidden)]
+pub struct Entry {
     batches: Vec<RecordBatch>,
     /// Its bytes, held in the memory pool of the task that computed it.
     reservation: MemoryReservation,
@@ -222,10 +224,14 @@ struct Entry {
 }
 
 /// The partitions this process keeps.
+// pub for the tests in tests/unit/ballista_kept.rs
+#[doc(hidden)]
 #[derive(Default)]
-struct Store {
-    entries: HashMap<Key, Entry>,
-    bytes: usize,
+pub struct Store {
+    /// The kept partitions.
+    pub entries: HashMap<Key, Entry>,
+    /// Their bytes.
+    pub bytes: usize,
     replays: u64,
 }
 
@@ -234,7 +240,7 @@ static STORE: LazyLock<Mutex<Store>> = LazyLock::new(Mutex::default);
 
 impl Store {
     /// The batches kept under `key`, if any.
-    fn replay(&mut self, key: &Key) -> Option<Vec<RecordBatch>> {
+    pub fn replay(&mut self, key: &Key) -> Option<Vec<RecordBatch>> {
         self.drop_idle();
         let entry = self.entries.get_mut(key)?;
         entry.last_read = Instant::now();
@@ -245,7 +251,7 @@ impl Store {
     /// Keeps `batches` under `key` if the store, within `limit` bytes, has
     /// room for them once idle entries and entries of other runs (least
     /// recently read first) are dropped.
-    fn keep(
+    pub fn keep(
         &mut self,
         key: Key,
         batches: Vec<RecordBatch>,
@@ -321,64 +327,5 @@ pub fn kept_stats() -> KeptStats {
         partitions: store.entries.len(),
         bytes: store.bytes,
         replays: store.replays,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::Int64Array;
-    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool};
-
-    fn batch(n: i64) -> RecordBatch {
-        RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from(vec![n; 100])) as _)]).unwrap()
-    }
-
-    fn reservation(pool: &Arc<dyn MemoryPool>, bytes: usize) -> MemoryReservation {
-        let r = MemoryConsumer::new("test").register(pool);
-        r.try_grow(bytes).unwrap();
-        r
-    }
-
-    #[test]
-    fn other_runs_make_room_and_the_same_run_does_not() {
-        let pool: Arc<dyn MemoryPool> = Arc::new(GreedyMemoryPool::new(10_000));
-        let mut store = Store::default();
-        store.keep(
-            ("a".into(), 1, 0),
-            vec![batch(1)],
-            reservation(&pool, 400),
-            1000,
-        );
-        store.keep(
-            ("b".into(), 1, 0),
-            vec![batch(2)],
-            reservation(&pool, 400),
-            1000,
-        );
-        // run b's second partition: run a's entry makes room
-        store.keep(
-            ("b".into(), 1, 1),
-            vec![batch(3)],
-            reservation(&pool, 400),
-            1000,
-        );
-        assert!(store.replay(&("a".into(), 1, 0)).is_none());
-        assert_eq!(store.replay(&("b".into(), 1, 1)).unwrap()[0], batch(3));
-        assert_eq!(store.bytes, 800);
-        // no room left within run b: not kept, nothing of b dropped
-        store.keep(
-            ("b".into(), 1, 2),
-            vec![batch(4)],
-            reservation(&pool, 400),
-            1000,
-        );
-        assert!(store.replay(&("b".into(), 1, 2)).is_none());
-        assert_eq!(store.entries.len(), 2);
-        assert_eq!(store.bytes, 800);
-        // the pool holds exactly the kept bytes, and gets them back
-        assert_eq!(pool.reserved(), 800);
-        drop(store);
-        assert_eq!(pool.reserved(), 0);
     }
 }

@@ -110,7 +110,9 @@ pub(crate) fn hole() -> Expr {
 }
 
 /// Splits `expr` into its shell and its children, in `map_children` order.
-fn split(expr: Expr) -> Result<(Expr, Vec<Expr>)> {
+// pub for the tests in tests/unit/engine_graph.rs
+#[doc(hidden)]
+pub fn split(expr: Expr) -> Result<(Expr, Vec<Expr>)> {
     let mut children = Vec::new();
     let shell = expr
         .map_children(|child| {
@@ -124,7 +126,9 @@ fn split(expr: Expr) -> Result<(Expr, Vec<Expr>)> {
 /// [`split`] without cloning the children, for the commonest kinds of node
 /// (and leaves): the shell, with the children appended to `children`;
 /// `None` for the other kinds.
-fn split_ref<'e>(expr: &'e Expr, children: &mut Vec<&'e Expr>) -> Option<Expr> {
+// pub for the tests in tests/unit/engine_graph.rs
+#[doc(hidden)]
+pub fn split_ref<'e>(expr: &'e Expr, children: &mut Vec<&'e Expr>) -> Option<Expr> {
     let boxed = || Box::new(hole());
     let shell = match expr {
         Expr::ScalarFunction(f) => Expr::ScalarFunction(ScalarFunction::new_udf(
@@ -588,43 +592,5 @@ impl<T> std::ops::Index<&NodeId> for NodeMap<T> {
 
     fn index(&self, id: &NodeId) -> &T {
         self.get(id).expect("node has a value")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::datatypes::DataType;
-    use datafusion::logical_expr::{col, lit, when};
-    use datafusion::prelude::sin;
-
-    #[test]
-    fn split_ref_matches_split() {
-        let x = || col("x");
-        let exprs = [
-            sin(x() + lit(1.0)),
-            Expr::Cast(Cast::new(Box::new(x()), DataType::Int64)),
-            Expr::TryCast(TryCast::new(Box::new(x()), DataType::Int64)),
-            !x().gt(lit(0.0)),
-            x().is_null(),
-            x().is_not_null(),
-            when(x().gt(lit(0.0)), x())
-                .otherwise(lit(0.0))
-                .expect("valid CASE"),
-            Expr::Case(Case::new(
-                Some(Box::new(x())),
-                vec![(Box::new(lit(1.0)), Box::new(x()))],
-                None,
-            )),
-            x(),
-            lit(2.0),
-        ];
-        for e in exprs {
-            let mut children = Vec::new();
-            let shell = split_ref(&e, &mut children).expect("a common kind of node");
-            let (expected, owned) = split(e.clone()).expect("splits");
-            assert_eq!(shell, expected);
-            assert_eq!(children.into_iter().cloned().collect::<Vec<_>>(), owned);
-        }
     }
 }

@@ -88,7 +88,9 @@ impl Workspace<'_> {
     }
 
     /// The atoms of the condition `c`, in the order they are tested.
-    pub(crate) fn atoms(&self, c: NodeId) -> Vec<NodeId> {
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub fn atoms(&self, c: NodeId) -> Vec<NodeId> {
         let mut out = Vec::new();
         let mut stack = vec![c];
         while let Some(c) = stack.pop() {
@@ -102,7 +104,9 @@ impl Workspace<'_> {
     }
 
     /// Whether the condition `c` holds wherever every atom of `known` does.
-    pub(crate) fn implies(&self, known: &[NodeId], c: NodeId) -> bool {
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub fn implies(&self, known: &[NodeId], c: NodeId) -> bool {
         self.atoms(c)
             .into_iter()
             .all(|a| self.atom_implied(known, a))
@@ -120,7 +124,9 @@ impl Workspace<'_> {
 
     /// The guard `guard AND c`: `c`'s atoms that `guard` does not imply,
     /// tested after `guard`'s, in `c`'s order; `c` when there is no guard.
-    pub(crate) fn guard_and(&mut self, guard: Option<NodeId>, c: NodeId) -> NodeId {
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub fn guard_and(&mut self, guard: Option<NodeId>, c: NodeId) -> NodeId {
         let mut known = guard.map(|g| self.atoms(g)).unwrap_or_default();
         let mut acc = guard;
         for a in self.atoms(c) {
@@ -141,7 +147,9 @@ impl Workspace<'_> {
 
     /// The disjunction of `guards`, leaving out each one that implies
     /// another (a sum's guard).
-    pub(crate) fn guard_or(&mut self, guards: &[NodeId]) -> NodeId {
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub fn guard_or(&mut self, guards: &[NodeId]) -> NodeId {
         let atoms: Vec<Vec<NodeId>> = guards.iter().map(|&g| self.atoms(g)).collect();
         let mut kept: Vec<NodeId> = Vec::with_capacity(guards.len());
         for (i, &g) in guards.iter().enumerate() {
@@ -163,7 +171,9 @@ impl Workspace<'_> {
     /// The atom that node `p`, a selecting partial, is not NULL: the
     /// condition `c` of a single-branch `CASE WHEN c THEN v END`, else
     /// `p IS NOT NULL`.
-    pub(crate) fn selected(&mut self, p: NodeId) -> NodeId {
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub fn selected(&mut self, p: NodeId) -> NodeId {
         match self.single_branch(p) {
             Some(c) => c,
             None => self.g.add(Expr::IsNotNull(Box::new(graph::hole())), &[p]),
@@ -173,7 +183,9 @@ impl Workspace<'_> {
     /// Whether node `p`, a selecting partial, is 1 wherever it is not NULL
     /// (a `CASE` whose every result is `1.0` or NULL): a flow through it
     /// needs no product, only the narrower guard.
-    pub(crate) fn is_unit_selection(&self, p: NodeId) -> bool {
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub fn is_unit_selection(&self, p: NodeId) -> bool {
         let shell = self.g.shell(p);
         let Expr::Case(_) = shell else {
             return false;
@@ -213,72 +225,4 @@ fn lit_bool(v: bool) -> Expr {
 
 fn false_literal() -> Expr {
     lit_bool(false)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::common::DFSchema;
-    use datafusion::logical_expr::{col, lit, when};
-
-    use super::*;
-    use crate::rules::Rules;
-
-    fn schema() -> DFSchema {
-        let fields = vec![
-            Field::new("x", DataType::Float64, true),
-            Field::new("y", DataType::Float64, true),
-        ];
-        DFSchema::try_from(Arc::new(Schema::new(fields))).unwrap()
-    }
-
-    #[test]
-    fn an_atom_enters_a_guard_once() {
-        let (schema, rules) = (schema(), Rules::builtin());
-        let mut ws = Workspace::new(&schema, &rules);
-        let a = ws.intern(&col("x").gt(lit(0.0))).unwrap();
-        let b = ws.intern(&col("y").gt(lit(0.0))).unwrap();
-        let ab = ws.guard_and(Some(a), b);
-        assert_eq!(ws.atoms(ab), vec![a, b]);
-        assert_eq!(ws.guard_and(Some(ab), a), ab);
-        assert_eq!(ws.guard_and(Some(ab), ab), ab);
-        assert_eq!(ws.guard_and(None, ab), ab);
-        // a unit selection's test is its condition
-        let indicator = ws
-            .intern(&when(col("x").gt(lit(0.0)), lit(1.0)).end().unwrap())
-            .unwrap();
-        assert_eq!(ws.selected(indicator), a);
-        assert!(ws.is_unit_selection(indicator));
-        let on_branch = ws.selected(indicator);
-        assert_eq!(ws.guard_and(Some(ab), on_branch), ab);
-        // a disjunction is implied by either side, and a side that implies
-        // the other is left out of it
-        let either = ws.guard_or(&[a, ab]);
-        assert_eq!(either, a);
-        let either = ws.guard_or(&[ab, b, a]);
-        assert!(ws.implies(&[a], either) && ws.implies(&[b], either));
-        assert!(!ws.implies(&[], either));
-    }
-
-    #[test]
-    fn a_case_under_its_own_condition_is_its_branch() {
-        let (schema, rules) = (schema(), Rules::builtin());
-        let mut ws = Workspace::new(&schema, &rules);
-        let a = ws.intern(&col("x").gt(lit(0.0))).unwrap();
-        let b = ws.intern(&col("y").gt(lit(0.0))).unwrap();
-        let e = ws.intern(&(col("x") * col("y"))).unwrap();
-        let inner = ws.case_when(a, e, None);
-        assert_eq!(ws.case_when(a, inner, None), ws.case_when(a, e, None));
-        let ab = ws.guard_and(Some(a), b);
-        let zero = ws.g.num(0.0);
-        assert_eq!(
-            ws.case_when(ab, inner, Some(zero)),
-            ws.case_when(ab, e, Some(zero))
-        );
-        // not under a condition that does not imply it
-        let under_b = ws.case_when(b, inner, None);
-        assert_eq!(ws.g.args(under_b)[1], inner);
-    }
 }

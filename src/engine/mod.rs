@@ -25,7 +25,9 @@ mod guard;
 mod nulls;
 pub mod primitive;
 pub mod share;
-mod sign;
+// pub for the tests in tests/unit/engine_sign.rs
+#[doc(hidden)]
+pub mod sign;
 mod sweep;
 mod template;
 pub mod workspace;

@@ -37,7 +37,10 @@ type Compiled = (Vec<Option<u64>>, (Vec<Shape>, Shape), Rc<Partials>);
 
 /// Derivatives under construction over one schema.
 pub struct Workspace<'a> {
-    pub(crate) g: Graph,
+    /// The DAG.
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub g: Graph,
     schema: &'a DFSchema,
     pub(crate) columns: Columns<'a>,
     pub(crate) rules: &'a Rules,
@@ -479,12 +482,9 @@ impl<'a> Workspace<'a> {
     /// at the top of `then` whose condition `cond` implies (see
     /// [`super::guard`]): `CASE WHEN g THEN (CASE WHEN g THEN e END) END` is
     /// `CASE WHEN g THEN e END`.
-    pub(crate) fn case_when(
-        &mut self,
-        cond: NodeId,
-        then: NodeId,
-        otherwise: Option<NodeId>,
-    ) -> NodeId {
+    // pub for the tests in tests/unit/engine_guard.rs
+    #[doc(hidden)]
+    pub fn case_when(&mut self, cond: NodeId, then: NodeId, otherwise: Option<NodeId>) -> NodeId {
         let then = self.under(cond, then);
         let hole = || Box::new(graph::hole());
         let shell = Expr::Case(Case::new(

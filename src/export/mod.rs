@@ -23,7 +23,9 @@ pub mod function;
 mod known;
 mod lower;
 mod statement;
-mod tidy;
+// pub for the tests in tests/unit/export_tidy.rs
+#[doc(hidden)]
+pub mod tidy;
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;

@@ -72,7 +72,9 @@ fn starts_with_minus(e: &Expr) -> bool {
 }
 
 /// The engine's spelling of the float literal `text`, or `None` for an integer.
-fn float_text(text: &str, dialect: SqlDialect) -> Option<String> {
+// pub for the tests in tests/unit/export_tidy.rs
+#[doc(hidden)]
+pub fn float_text(text: &str, dialect: SqlDialect) -> Option<String> {
     if !text.contains(['.', 'e', 'E']) {
         return None;
     }
@@ -82,18 +84,4 @@ fn float_text(text: &str, dialect: SqlDialect) -> Option<String> {
         out.push_str("e0");
     }
     Some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn floats_are_short_and_typed() {
-        assert_eq!(float_text("0.5", SqlDialect::Postgres).unwrap(), "0.5");
-        assert_eq!(float_text("0.5", SqlDialect::DuckDb).unwrap(), "0.5e0");
-        let tiny = format!("0.{}1", "0".repeat(299));
-        assert_eq!(float_text(&tiny, SqlDialect::Sqlite).unwrap(), "1e-300");
-        assert_eq!(float_text("12", SqlDialect::DuckDb), None);
-    }
 }

@@ -101,22 +101,3 @@ fn list_of(item: DataType, n: usize) -> DataType {
 fn is_float(t: &DataType) -> bool {
     matches!(t, DataType::Float32 | DataType::Float64)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shapes_round_trip_through_types() {
-        for s in [Shape::Scalar, Shape::Vector(3), Shape::Matrix(2, 5)] {
-            assert_eq!(Shape::of(&s.data_type()), Some(s));
-        }
-        let f32_vec =
-            DataType::FixedSizeList(Arc::new(Field::new("element", DataType::Float32, false)), 4);
-        assert_eq!(Shape::of(&f32_vec), Some(Shape::Vector(4)));
-        let ints =
-            DataType::FixedSizeList(Arc::new(Field::new_list_field(DataType::Int32, true)), 4);
-        assert_eq!(Shape::of(&ints), None);
-        assert_eq!(Shape::of(&DataType::Utf8), None);
-    }
-}

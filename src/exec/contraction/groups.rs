@@ -15,11 +15,13 @@ use datafusion::common::HashMap;
 
 /// The places the side-by-side layout may lay out beyond four per group
 /// met, before the groups move to a hash table.
-const DENSE_SLACK: usize = 1 << 20;
+// pub for the tests in tests/unit/exec_contraction_groups.rs
+#[doc(hidden)]
+pub const DENSE_SLACK: usize = 1 << 20;
 
 /// The groups met so far; see the [module docs](self).
 #[derive(Debug)]
-pub(super) struct Groups {
+pub struct Groups {
     aggregates: usize,
     layout: Layout,
     /// `aggregates` sums per place.
@@ -45,9 +47,12 @@ enum Layout {
 }
 
 /// The groups emitted: their probe and build group numbers and sums.
-pub(super) struct Emitted {
+pub struct Emitted {
+    /// The probe group of each group.
     pub probe: UInt32Array,
+    /// The build group of each group.
     pub build: UInt32Array,
+    /// Per aggregate, the sum of each group (NULL where no non-NULL product came).
     pub sums: Vec<Float64Array>,
 }
 
@@ -207,45 +212,6 @@ impl Groups {
             probe: probe.into(),
             build: build.into(),
             sums,
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::Array;
-
-    /// The same pairs and sums in both layouts: only groups met, NULL where
-    /// no non-NULL product came.
-    #[test]
-    fn both_layouts_keep_the_groups_met() {
-        for width in [3, DENSE_SLACK + 1] {
-            let mut groups = Groups::new(width, 2);
-            let a = groups.place(2, 1);
-            groups.add(a, 0, 1.5);
-            let b = groups.place(0, 2);
-            groups.add(b, 1, 4.0);
-            let a2 = groups.place(2, 1);
-            assert_eq!(a, a2);
-            groups.add(a2, 0, 2.0);
-            let mut out = groups.take();
-            let mut rows: Vec<(u32, u32, Option<f64>, Option<f64>)> = (0..out.probe.len())
-                .map(|i| {
-                    let v = |s: &Float64Array| s.is_valid(i).then(|| s.value(i));
-                    (
-                        out.probe.value(i),
-                        out.build.value(i),
-                        v(&out.sums[0]),
-                        v(&out.sums[1]),
-                    )
-                })
-                .collect();
-            rows.sort_by_key(|r| (r.0, r.1));
-            assert_eq!(rows, [(0, 2, None, Some(4.0)), (2, 1, Some(3.5), None)]);
-            assert!(groups.is_empty());
-            out = groups.take();
-            assert_eq!(out.probe.len(), 0);
         }
     }
 }

@@ -31,8 +31,12 @@
 //! partial sums early, as DataFusion's partial aggregate does. Off with
 //! `SET datafusion_grad.contraction = false`.
 
-mod groups;
-mod numbering;
+// pub for the tests in tests/unit/exec_contraction_groups.rs
+#[doc(hidden)]
+pub mod groups;
+// pub for the tests in tests/unit/exec_contraction_numbering.rs
+#[doc(hidden)]
+pub mod numbering;
 
 use std::fmt;
 use std::sync::{Arc, Mutex};

@@ -44,7 +44,7 @@ fn integer(data_type: &DataType) -> bool {
 
 /// What a row with a NULL among its columns gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Nulls {
+pub enum Nulls {
     /// No number: NULL never equals anything (join keys).
     Unmatched,
     /// A number like any value: NULLs form one group (`GROUP BY`).
@@ -53,7 +53,7 @@ pub(super) enum Nulls {
 
 /// The numbers given so far; see the [module docs](self).
 #[derive(Debug)]
-pub(super) struct Numbering {
+pub struct Numbering {
     nulls: Nulls,
     by: By,
 }
@@ -81,7 +81,7 @@ enum By {
 }
 
 /// No number (a NULL join key, a key the build side does not have).
-pub(super) const NONE: u32 = u32::MAX;
+pub const NONE: u32 = u32::MAX;
 
 impl Numbering {
     /// An empty numbering of columns of `types`.
@@ -113,6 +113,14 @@ impl Numbering {
         match &self.by {
             By::Integer { values, .. } => values.len(),
             By::Rows { rows, .. } => rows.num_rows(),
+        }
+    }
+
+    /// Whether no number has been given.
+    pub fn is_empty(&self) -> bool {
+        match &self.by {
+            By::Integer { values, .. } => values.is_empty(),
+            By::Rows { rows, .. } => rows.num_rows() == 0,
         }
     }
 
@@ -288,65 +296,4 @@ fn as_i64(column: &ArrayRef) -> Result<Int64Array> {
         t => return internal_err!("an integer numbering of a {t} column"),
     };
     Ok(column.as_primitive::<Int64Type>().clone())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use datafusion::arrow::array::{Int32Array, StringArray};
-
-    fn numbers(n: &mut Numbering, column: ArrayRef) -> Vec<u32> {
-        let mut out = vec![];
-        n.number(&[column], &mut out).unwrap();
-        out
-    }
-
-    #[test]
-    fn integers_are_numbered_in_first_seen_order_and_nulls_as_asked() {
-        let column: ArrayRef = Arc::new(Int32Array::from(vec![
-            Some(7),
-            None,
-            Some(-3),
-            Some(7),
-            None,
-        ]));
-        let mut keys = Numbering::new(&[DataType::Int32], Nulls::Unmatched).unwrap();
-        assert_eq!(
-            numbers(&mut keys, Arc::clone(&column)),
-            [0, NONE, 1, 0, NONE]
-        );
-        let mut groups = Numbering::new(&[DataType::Int32], Nulls::Grouped).unwrap();
-        assert_eq!(numbers(&mut groups, Arc::clone(&column)), [0, 1, 2, 0, 1]);
-        let values = groups.values().unwrap();
-        assert_eq!(
-            values[0].as_ref(),
-            &Int32Array::from(vec![Some(7), None, Some(-3)]) as &dyn Array
-        );
-        // frozen: found directly, unknown values and NULLs have no number
-        keys.freeze();
-        let probe: ArrayRef = Arc::new(Int32Array::from(vec![Some(-3), Some(8), None, Some(7)]));
-        let mut out = vec![];
-        keys.find(&[probe], &mut out).unwrap();
-        assert_eq!(out, [1, NONE, NONE, 0]);
-    }
-
-    #[test]
-    fn strings_and_several_columns_go_by_their_row_encoding() {
-        let a: ArrayRef = Arc::new(StringArray::from(vec![
-            Some("a"),
-            Some("b"),
-            None,
-            Some("a"),
-        ]));
-        let b: ArrayRef = Arc::new(Int32Array::from(vec![1, 1, 1, 2]));
-        let mut keys =
-            Numbering::new(&[DataType::Utf8, DataType::Int32], Nulls::Unmatched).unwrap();
-        let mut out = vec![];
-        keys.number(&[Arc::clone(&a), Arc::clone(&b)], &mut out)
-            .unwrap();
-        assert_eq!(out, [0, 1, NONE, 2]);
-        keys.find(&[a, b], &mut out).unwrap();
-        assert_eq!(out, [0, 1, NONE, 2]);
-        assert_eq!(keys.values().unwrap()[0].len(), 3);
-    }
 }

@@ -51,8 +51,12 @@ use super::dealt;
 use local_reader::LocalFileReaders;
 use zip::ZipColumnsExec;
 
-mod local_reader;
-mod zip;
+// pub for the tests in tests/unit/exec_split_scan_local_reader.rs
+#[doc(hidden)]
+pub mod local_reader;
+// pub for the tests in tests/unit/exec_split_scan_zip.rs
+#[doc(hidden)]
+pub mod zip;
 
 /// The fewest rows worth splitting: two batches per core.
 const SPLIT_ROWS: usize = 2 * 8192;

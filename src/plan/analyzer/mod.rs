@@ -104,12 +104,11 @@ impl AnalyzerRule for GradAnalyzer {
 pub fn with_rewrite_rules(state: SessionState) -> SessionState {
     let mut optimizer_rules: Vec<Arc<dyn OptimizerRule + Send + Sync>> =
         vec![Arc::new(GradBeforeOptimizing)];
-    let cross_joins = CrossJoinsKeepingNulls::default();
+    let cross_joins: Arc<dyn OptimizerRule + Send + Sync> =
+        Arc::new(CrossJoinsKeepingNulls::default());
     optimizer_rules.extend(state.optimizers().iter().map(|rule| {
         match rule.name() == cross_joins.name() {
-            true => {
-                Arc::new(CrossJoinsKeepingNulls::default()) as Arc<dyn OptimizerRule + Send + Sync>
-            }
+            true => Arc::clone(&cross_joins),
             false => Arc::clone(rule),
         }
     }));

@@ -88,10 +88,10 @@ pub(super) struct Alternative {
 }
 
 /// Splits plans into blocks over the leaves it collects.
-pub(super) struct Blocks<'a> {
+pub struct Blocks<'a> {
     parameter: &'a LogicalPlan,
     /// Every leaf met so far.
-    pub leaves: Vec<Leaf>,
+    pub(super) leaves: Vec<Leaf>,
 }
 
 impl<'a> Blocks<'a> {
@@ -141,7 +141,7 @@ impl<'a> Blocks<'a> {
 
     /// The block whose output is `plan`'s, one alternative per `UNION ALL`
     /// branch.
-    pub fn flatten(&mut self, plan: &LogicalPlan) -> Result<Vec<Alternative>> {
+    pub(super) fn flatten(&mut self, plan: &LogicalPlan) -> Result<Vec<Alternative>> {
         if plan == self.parameter {
             return Ok(vec![self.leaf(plan, LeafKind::Parameter)?]);
         }
@@ -356,40 +356,4 @@ fn refuse<T>(plan: &LogicalPlan) -> Result<T> {
              uncorrelated scalar subqueries"
         ),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use datafusion::arrow::datatypes::{DataType, Field, Schema};
-    use datafusion::logical_expr::logical_plan::builder::LogicalTableSource;
-    use datafusion::logical_expr::LogicalPlanBuilder;
-
-    use super::Blocks;
-    use crate::error::{ErrorKind, GradError};
-
-    #[test]
-    fn a_different_scan_of_the_parameter_table_is_refused() {
-        let schema = Schema::new(vec![
-            Field::new("g", DataType::Int32, false),
-            Field::new("val", DataType::Float64, false),
-        ]);
-        let source = Arc::new(LogicalTableSource::new(Arc::new(schema)));
-        let scan = |projection| {
-            LogicalPlanBuilder::scan("p", Arc::clone(&source) as _, projection)
-                .unwrap()
-                .build()
-                .unwrap()
-        };
-        let parameter = scan(None);
-        let blocks = Blocks::new(&parameter);
-        assert!(blocks.reads(&scan(None)).unwrap());
-        let err = blocks.reads(&scan(Some(vec![1]))).unwrap_err();
-        let kind = GradError::find(&err).map(|e| e.kind());
-        assert_eq!(kind, Some(ErrorKind::NeedsPlanContext), "{err}");
-        assert!(err
-            .to_string()
-            .contains("scans the variable's table `p` differently"));
-    }
 }

@@ -36,7 +36,9 @@
 //! ```
 
 mod backward;
-mod block;
+// pub for the tests in tests/unit/plan_reverse_block.rs
+#[doc(hidden)]
+pub mod block;
 mod group_join;
 mod row_check;
 

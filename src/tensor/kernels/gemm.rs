@@ -27,9 +27,9 @@ use super::portable;
 use super::use_avx2;
 
 /// Rows of the GEMM micro-tile.
-pub(super) const MR: usize = 6;
+pub const MR: usize = 6;
 /// Columns of the GEMM micro-tile.
-pub(super) const NR: usize = 8;
+pub const NR: usize = 8;
 /// Depth of a packed block (the `k` extent of the micro-panels).
 const KC: usize = 256;
 /// Rows of a packed block of A (a multiple of `MR`).
@@ -50,13 +50,13 @@ const PACK_AT_MIN_N: usize = 4 * NR;
 /// micro-panel is at `ptr + r*rs + p*cs`. Packed panels have `rs = 1`,
 /// `cs = MR`; the strided kernels also read A in place.
 #[derive(Clone, Copy)]
-pub(super) struct APanel {
+pub struct APanel {
     /// Element `(0, 0)`.
-    pub(super) ptr: *const f64,
+    pub ptr: *const f64,
     /// Distance between rows.
-    pub(super) rs: usize,
+    pub rs: usize,
     /// Distance between depth steps.
-    pub(super) cs: usize,
+    pub cs: usize,
 }
 
 /// A GEMM micro-kernel: `C[0..MR, 0..NR] (=|+=) A · Bpanel` over `kc` steps.

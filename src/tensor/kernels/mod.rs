@@ -26,8 +26,9 @@
 //! The choice is made at run time on each call with
 //! `is_x86_feature_detected!`, which reads a cached CPUID bit set, so it costs
 //! a couple of loads and a predictable branch. [`isa`] reports which path
-//! this machine takes. Unit tests (`tests.rs`) can force the portable path on
-//! an AVX2 machine, so both paths are tested.
+//! this machine takes. The unit tests (`tests/unit/tensor_kernels.rs`) can
+//! force the portable path on an AVX2 machine (`FORCE_PORTABLE`), so both
+//! paths are tested.
 //!
 //! # Safety
 //!
@@ -50,21 +51,19 @@
 
 #![warn(unsafe_op_in_unsafe_fn)]
 
-#[cfg(test)]
 thread_local! {
-    /// Forces the portable path on this thread (tests only).
-    static FORCE_PORTABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Forces the portable path on this thread (for the tests).
+    // pub for the tests in tests/unit/tensor_kernels.rs
+    #[doc(hidden)]
+    pub static FORCE_PORTABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Whether this call may use the AVX2+FMA implementations.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn use_avx2() -> bool {
-    #[cfg(test)]
-    {
-        if FORCE_PORTABLE.with(|f| f.get()) {
-            return false;
-        }
+    if FORCE_PORTABLE.with(|f| f.get()) {
+        return false;
     }
     is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")
 }
@@ -87,10 +86,12 @@ macro_rules! dispatch {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
-mod gemm;
-mod portable;
-#[cfg(test)]
-mod tests;
+// pub for the tests in tests/unit/tensor_kernels.rs
+#[doc(hidden)]
+pub mod gemm;
+// pub for the tests in tests/unit/tensor_kernels.rs
+#[doc(hidden)]
+pub mod portable;
 
 /// Which instruction set the dispatcher picked on this machine:
 /// `"avx2+fma"` or `"portable"`.

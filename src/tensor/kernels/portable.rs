@@ -8,7 +8,7 @@
 use super::gemm::{APanel, MR, NR};
 
 /// `out = a + b` (lengths checked by the caller).
-pub(super) fn add(a: &[f64], b: &[f64], out: &mut [f64]) {
+pub fn add(a: &[f64], b: &[f64], out: &mut [f64]) {
     for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
         *o = x + y;
     }
@@ -58,7 +58,7 @@ pub(super) fn axpy(alpha: f64, x: &[f64], y: &mut [f64]) {
 
 /// Dot product with 8 independent partial sums (vectorizable).
 #[inline(always)]
-pub(super) fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     let mut acc = [0.0f64; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f64 = ca
@@ -132,7 +132,7 @@ pub(super) fn matvec(cols: usize, a: &[f64], x: &[f64], y: &mut [f64]) {
 /// reads; `c` must be valid for reads and writes of `MR` rows of `NR`
 /// elements at row stride `ldc`, not overlapping the panels, and not
 /// accessed by anything else during the call.
-pub(super) unsafe fn kernel<const STRIDED: bool>(
+pub unsafe fn kernel<const STRIDED: bool>(
     kc: usize,
     a: APanel,
     b: *const f64,

@@ -12,11 +12,11 @@ use arrow::json::writer::{make_encoder, Encoder, EncoderFactory, EncoderOptions,
 use arrow::util::pretty::pretty_format_batches;
 use clap::ValueEnum;
 
-use crate::{CliError, Result};
+use super::{CliError, Result};
 
 /// Output format of query results (`--format`, `\pset format`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Format {
+pub enum Format {
     /// A table, except for an unbounded source, whose rows are streamed as CSV
     /// as they arrive (datafusion-cli's default)
     Automatic,
@@ -42,7 +42,7 @@ impl Format {
     }
 
     /// The names of all formats, for messages.
-    pub(crate) fn all_names() -> String {
+    pub fn all_names() -> String {
         Format::value_variants()
             .iter()
             .map(|f| f.name())
@@ -51,14 +51,14 @@ impl Format {
     }
 
     /// The format named `name` (any case; `nd-json` for `ndjson`).
-    pub(crate) fn parse(name: &str) -> Result<Format, CliError> {
+    pub fn parse(name: &str) -> Result<Format, CliError> {
         Format::from_str(name, true).map_err(|_| CliError::UnknownFormat(name.to_string()))
     }
 }
 
 /// How many rows a table shows (`--maxrows N|inf`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MaxRows {
+pub enum MaxRows {
     /// Every row.
     Unlimited,
     /// At most this many.
@@ -77,7 +77,7 @@ impl MaxRows {
 
 /// Parses a `--maxrows` value: a number of rows, or `inf` (also `infinite`,
 /// `none`) for all of them.
-pub(crate) fn parse_maxrows(value: &str) -> Result<MaxRows, String> {
+pub fn parse_maxrows(value: &str) -> Result<MaxRows, String> {
     match value.trim().to_ascii_lowercase().as_str() {
         "inf" | "infinite" | "none" => Ok(MaxRows::Unlimited),
         n => n
@@ -174,7 +174,7 @@ impl Printer {
 
 /// `batches` as an ASCII table; with `elided`, three rows of dots at its end
 /// say that more rows were fetched than are shown.
-fn table(batches: &[RecordBatch], elided: bool) -> Result<String> {
+pub fn table(batches: &[RecordBatch], elided: bool) -> Result<String> {
     let table = pretty_format_batches(batches)?.to_string();
     if !elided {
         return Ok(table);
@@ -351,7 +351,7 @@ impl Encoder for FloatEncoder<'_> {
 
 /// A schema of one text column per name in `names`, and a batch of `rows`
 /// (each a row of texts) in it: the tables that meta-commands print.
-pub(crate) fn text_batch(names: &[&str], rows: &[Vec<String>]) -> Result<(SchemaRef, RecordBatch)> {
+pub fn text_batch(names: &[&str], rows: &[Vec<String>]) -> Result<(SchemaRef, RecordBatch)> {
     let schema = Arc::new(Schema::new(
         names
             .iter()
@@ -369,37 +369,4 @@ pub(crate) fn text_batch(names: &[&str], rows: &[Vec<String>]) -> Result<(Schema
         .collect();
     let batch = RecordBatch::try_new(Arc::clone(&schema), columns)?;
     Ok((schema, batch))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_maxrows() {
-        assert_eq!(parse_maxrows("10").unwrap(), MaxRows::Limited(10));
-        assert_eq!(parse_maxrows("INF").unwrap(), MaxRows::Unlimited);
-        assert!(parse_maxrows("-1").is_err());
-    }
-
-    #[test]
-    fn elided_tables_end_in_dots() {
-        let (_, batch) = text_batch(&["ab"], &[vec!["x".to_string()]]).unwrap();
-        let out = table(&[batch], true).unwrap();
-        assert_eq!(
-            out,
-            "+----+\n| ab |\n+----+\n| x  |\n| .  |\n| .  |\n| .  |\n+----+"
-        );
-    }
-
-    #[test]
-    fn format_names() {
-        assert_eq!(Format::parse("nd-json").unwrap(), Format::Ndjson);
-        assert_eq!(Format::parse("TSV").unwrap(), Format::Tsv);
-        assert!(Format::parse("xml").is_err());
-        assert_eq!(
-            Format::all_names(),
-            "automatic, table, csv, tsv, json, ndjson"
-        );
-    }
 }

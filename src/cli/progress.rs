@@ -7,8 +7,8 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::exec::iterations::{Iteration, IterationProgress};
 use datafusion::prelude::SessionConfig;
-use datafusion_grad::exec::iterations::{Iteration, IterationProgress};
 
 /// How often the line is redrawn.
 const EVERY: Duration = Duration::from_millis(200);

@@ -1,9 +1,10 @@
-//! Both paths of every kernel against naive loops: each test runs once on
-//! the dispatched path and once with the portable path forced.
+//! Unit tests of `src/tensor/kernels/`: both paths of every kernel against
+//! naive loops: each test runs once on the dispatched path and once with the
+//! portable path forced.
 
-use super::gemm::{APanel, MR, NR};
-use super::*;
-use crate::tensor::construct::random_values;
+use datafusion_grad::tensor::construct::random_values;
+use datafusion_grad::tensor::kernels::gemm::{APanel, MR, NR};
+use datafusion_grad::tensor::kernels::*;
 
 /// Runs `f` on the dispatched path and again with the portable path forced.
 fn both_paths(f: impl Fn()) {

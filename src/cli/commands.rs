@@ -6,13 +6,13 @@ use std::time::Instant;
 
 use datafusion::logical_expr::Documentation;
 
-use crate::print::{text_batch, Format};
-use crate::shell::Shell;
-use crate::{CliError, Result};
+use super::print::{text_batch, Format};
+use super::shell::Shell;
+use super::{CliError, Result};
 
 /// A meta-command.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Meta {
+pub enum Meta {
     /// `\q`
     Quit,
     /// `\?`
@@ -59,7 +59,7 @@ const HELP: &[(&str, &str)] = &[
 impl Meta {
     /// The meta-command `line` is, if it starts with `\` (surrounding
     /// whitespace and a final `;` ignored); an error if it is not one.
-    pub(crate) fn parse(line: &str) -> Option<Result<Meta, CliError>> {
+    pub fn parse(line: &str) -> Option<Result<Meta, CliError>> {
         let line = line.trim();
         let command = line.strip_prefix('\\')?;
         let command = command.strip_suffix(';').unwrap_or(command).trim();
@@ -145,11 +145,14 @@ pub(crate) async fn run(shell: &mut Shell, meta: Meta) -> Result<MetaOutcome> {
 }
 
 /// One of datafusion-grad's SQL functions, as `\h` lists it.
-struct Function {
-    name: String,
-    kind: &'static str,
+pub struct Function {
+    /// Its name.
+    pub name: String,
+    /// `scalar` or `aggregate`.
+    pub kind: &'static str,
     syntax: String,
-    description: String,
+    /// What it computes.
+    pub description: String,
     example: Option<String>,
 }
 
@@ -198,12 +201,12 @@ const MARKERS: &[(&str, &str, &str, &str)] = &[
 
 /// datafusion-grad's SQL functions: the differentiation functions, then the
 /// tensor functions and aggregates by name.
-fn functions() -> Vec<Function> {
-    let mut tensor: Vec<Function> = datafusion_grad::tensor::functions()
+pub fn functions() -> Vec<Function> {
+    let mut tensor: Vec<Function> = crate::tensor::functions()
         .iter()
         .map(|f| Function::documented(f.name(), "scalar", f.documentation()))
         .chain(
-            datafusion_grad::tensor::aggregates()
+            crate::tensor::aggregates()
                 .iter()
                 .map(|a| Function::documented(a.name(), "aggregate", a.documentation())),
         )
@@ -223,7 +226,7 @@ fn functions() -> Vec<Function> {
 }
 
 /// The first sentence of `text` (up to the first `. ` or the end).
-fn first_sentence(text: &str) -> String {
+pub fn first_sentence(text: &str) -> String {
     let text = text.trim();
     match text.find(". ") {
         Some(end) => text[..=end].to_string(),
@@ -264,54 +267,4 @@ fn describe_function(shell: &Shell, name: &str) -> Result<String> {
         }
     }
     Ok(text.trim_end().to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_meta_commands() {
-        assert!(Meta::parse("SELECT 1").is_none());
-        assert_eq!(Meta::parse(" \\q ").unwrap().unwrap(), Meta::Quit);
-        assert_eq!(Meta::parse("\\d;").unwrap().unwrap(), Meta::ListTables);
-        assert_eq!(
-            Meta::parse("\\d  points").unwrap().unwrap(),
-            Meta::Describe("points".to_string())
-        );
-        assert_eq!(
-            Meta::parse("\\pset format CSV").unwrap().unwrap(),
-            Meta::SetFormat(Format::Csv)
-        );
-        assert_eq!(
-            Meta::parse("\\quiet off").unwrap().unwrap(),
-            Meta::Quiet(Some(false))
-        );
-        assert!(matches!(
-            Meta::parse("\\x").unwrap(),
-            Err(CliError::UnknownCommand(_))
-        ));
-        assert!(matches!(
-            Meta::parse("\\q now").unwrap(),
-            Err(CliError::CommandArgument { .. })
-        ));
-        assert!(matches!(
-            Meta::parse("\\pset format xml").unwrap(),
-            Err(CliError::UnknownFormat(_))
-        ));
-    }
-
-    #[test]
-    fn lists_every_function_with_a_description() {
-        let functions = functions();
-        assert_eq!(functions[0].name, "grad");
-        assert!(functions.iter().any(|f| f.name == "matmul"));
-        assert!(functions
-            .iter()
-            .any(|f| f.name == "tensor_avg" && f.kind == "aggregate"));
-        for f in &functions {
-            assert!(!f.description.is_empty(), "{}", f.name);
-        }
-        assert_eq!(first_sentence("One. Two."), "One.");
-    }
 }

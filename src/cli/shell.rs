@@ -17,9 +17,9 @@ use futures::StreamExt;
 use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 
-use crate::commands::{Meta, MetaOutcome};
-use crate::print::{write_batches, Format, MaxRows, Printer};
-use crate::{catch_panic, print_error, CliError, Error, Result};
+use super::commands::{Meta, MetaOutcome};
+use super::print::{write_batches, Format, MaxRows, Printer};
+use super::{catch_panic, print_error, CliError, Error, Result};
 
 /// Prompt of the interactive shell.
 const PROMPT: &str = "dfgrad> ";
@@ -52,9 +52,9 @@ impl Shell {
     /// Plans, executes and prints a single statement; a panic while planning or
     /// executing it is an error.
     pub(crate) async fn run_statement(&self, sql: &str) -> Result<()> {
-        crate::progress::start();
+        super::progress::start();
         let result = catch_panic(self.execute(sql)).await;
-        crate::progress::finish();
+        super::progress::finish();
         result?
     }
 
@@ -100,7 +100,7 @@ impl Shell {
                 batches.push(batch);
             }
         }
-        crate::progress::finish();
+        super::progress::finish();
         printer.print(&schema, &batches, rows, start)
     }
 
@@ -136,7 +136,7 @@ impl Shell {
 
     /// Runs a meta-command.
     pub(crate) async fn run_meta(&mut self, meta: Meta) -> Result<Flow> {
-        Ok(match crate::commands::run(self, meta).await? {
+        Ok(match super::commands::run(self, meta).await? {
             MetaOutcome::Done => Flow::Continue,
             MetaOutcome::Quit => Flow::Quit,
         })
@@ -254,21 +254,21 @@ fn read_statement(editor: &mut DefaultEditor) -> Result<ReplInput> {
 
 /// `sql` split at its `;`s (see [`split_terminated`]).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Split<'a> {
+pub struct Split<'a> {
     /// The statements ended by `;`, trimmed, without those holding only
     /// whitespace and comments.
-    pub(crate) complete: Vec<String>,
+    pub complete: Vec<String>,
     /// What follows the last `;` that ends a statement, as written.
-    pub(crate) rest: &'a str,
+    pub rest: &'a str,
     /// Whether `rest` holds anything besides whitespace and comments.
-    pub(crate) rest_has_content: bool,
+    pub rest_has_content: bool,
     /// Whether `rest` ends inside a `/* */` comment.
-    pub(crate) in_block_comment: bool,
+    pub in_block_comment: bool,
 }
 
 /// Splits `sql` at `;`, ignoring `;` inside single-quoted strings,
 /// double-quoted identifiers, `--` line comments and `/* */` block comments.
-pub(crate) fn split_terminated(sql: &str) -> Split<'_> {
+pub fn split_terminated(sql: &str) -> Split<'_> {
     #[derive(Clone, Copy, PartialEq, Eq)]
     enum State {
         Normal,
@@ -338,47 +338,11 @@ pub(crate) fn split_terminated(sql: &str) -> Split<'_> {
 /// Splits `sql` into statements at `;` (see [`split_terminated`]); the last
 /// statement needs no `;`. Statements are trimmed; those holding only
 /// whitespace and comments are dropped.
-pub(crate) fn split_statements(sql: &str) -> Vec<String> {
+pub fn split_statements(sql: &str) -> Vec<String> {
     let split = split_terminated(sql);
     let mut statements = split.complete;
     if split.rest_has_content {
         statements.push(split.rest.trim().to_string());
     }
     statements
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_and_skips_empty_statements() {
-        assert_eq!(
-            split_statements("SELECT 1; ;\n SELECT 2;;"),
-            vec!["SELECT 1", "SELECT 2"]
-        );
-        assert_eq!(split_statements("SELECT 1"), vec!["SELECT 1"]);
-        assert!(split_statements("  ; -- only a comment\n /* c; */ ;").is_empty());
-    }
-
-    #[test]
-    fn ignores_semicolons_in_strings_and_comments() {
-        assert_eq!(
-            split_statements("SELECT 'a;''b'; -- x; y\nSELECT \"c;d\" /* ; */ FROM t;"),
-            vec!["SELECT 'a;''b'", "-- x; y\nSELECT \"c;d\" /* ; */ FROM t"]
-        );
-    }
-
-    #[test]
-    fn keeps_what_follows_the_last_semicolon() {
-        let split = split_terminated("SELECT 1; SELECT 'a;\n");
-        assert_eq!(split.complete, vec!["SELECT 1"]);
-        assert_eq!(split.rest, " SELECT 'a;\n");
-        assert!(split.rest_has_content);
-        // an open block comment is kept, so that the next lines stay in it
-        let split = split_terminated("SELECT 1; /* open; comment\n");
-        assert_eq!(split.rest, " /* open; comment\n");
-        assert!(!split.rest_has_content);
-        assert!(split.in_block_comment);
-    }
 }

@@ -16,11 +16,11 @@ use datafusion::datasource::file_format::options::ArrowReadOptions;
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionContext};
 
-use crate::{catch_panic, error_line, Error, Result};
+use super::{catch_panic, error_line, Error, Result};
 
 /// The file formats `--table` can register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TableFormat {
+pub enum TableFormat {
     Csv,
     Parquet,
     Json,
@@ -29,7 +29,7 @@ pub(crate) enum TableFormat {
 
 impl TableFormat {
     /// The format of a file with extension `ext` (without the dot, any case).
-    pub(crate) fn from_extension(ext: &str) -> Option<Self> {
+    pub fn from_extension(ext: &str) -> Option<Self> {
         match ext.to_ascii_lowercase().as_str() {
             "csv" => Some(Self::Csv),
             "parquet" => Some(Self::Parquet),
@@ -325,24 +325,5 @@ impl UrlTableFactory for CheckedUrlTables {
                 })?;
         }
         self.0.try_new(url).await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_formats_by_extension() {
-        assert_eq!(TableFormat::from_extension("CSV"), Some(TableFormat::Csv));
-        assert_eq!(
-            TableFormat::from_extension("ndjson"),
-            Some(TableFormat::Json)
-        );
-        assert_eq!(
-            TableFormat::from_extension("feather"),
-            Some(TableFormat::Arrow)
-        );
-        assert_eq!(TableFormat::from_extension("txt"), None);
     }
 }
