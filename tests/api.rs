@@ -449,3 +449,53 @@ async fn update_steps_a_parameter_table() -> Result<()> {
     assert!(message.contains("in-memory tables only"), "{message}");
     Ok(())
 }
+
+/// A recursive CTE whose first row builds the state from a Parquet table's
+/// column and the variable (`tensor_add(init.w0, scale(dir, s))`, issue 48):
+/// forward mode follows it, `init.w0` does not depend on `s` (jax.grad of
+/// the unrolled loop: 13.478965302991233).
+#[tokio::test]
+async fn first_row_from_a_parquet_table() -> Result<()> {
+    let ctx = context().await;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("init.parquet");
+    ctx.sql(&format!(
+        "COPY (SELECT tensor([0.5, -0.25, 1.0], 3) AS w0) TO '{}' STORED AS PARQUET",
+        file.display()
+    ))
+    .await?
+    .collect()
+    .await?;
+    ctx.register_parquet(
+        "init",
+        file.to_str().unwrap(),
+        ParquetReadOptions::default(),
+    )
+    .await?;
+    let sql = "WITH RECURSIVE train(step, w, s) AS (
+          SELECT 0, tensor_add(init.w0, scale(tensor([1.0, 2.0, 3.0], 3), s)), s
+          FROM init CROSS JOIN (SELECT 0.1 AS s) h
+          UNION ALL
+          SELECT step + 1, tensor_add(w, scale(tensor_tanh(w), 0.1)), s FROM train WHERE step < 5)
+        SELECT grad(tensor_total(tensor_mul(w, w)), s) FROM train WHERE step = 5";
+    assert_close(&values(ctx.sql(sql).await?).await?, &[13.478965302991233]);
+    // The same in the DataFrame API: the marker over the CTE's columns.
+    let df = ctx
+        .sql(
+            "WITH RECURSIVE train(step, w, s) AS (
+                SELECT 0, tensor_add(init.w0, scale(tensor([1.0, 2.0, 3.0], 3), s)), s
+                FROM init CROSS JOIN (SELECT 0.1 AS s) h
+                UNION ALL
+                SELECT step + 1, tensor_add(w, scale(tensor_tanh(w), 0.1)), s
+                FROM train WHERE step < 5)
+              SELECT w, s FROM train WHERE step = 5",
+        )
+        .await?;
+    let grad = ctx.udf("grad")?;
+    let total = ctx.udf("tensor_total")?;
+    let mul = ctx.udf("tensor_mul")?;
+    let f = total.call(vec![mul.call(vec![col("w"), col("w")])]);
+    let df = df.select(vec![grad.call(vec![f, col("s")])])?;
+    assert_close(&values(df).await?, &[13.478965302991233]);
+    Ok(())
+}

@@ -16,6 +16,8 @@ use datafusion::prelude::SessionContext;
 use datafusion_grad::tensor::cuda;
 use datafusion_grad::{ErrorKind, GradError};
 
+use crate::common::gpu::{assert_close, no_device};
+
 /// Every number in `array` (nested lists and structs flattened in order).
 fn flatten(array: &ArrayRef, out: &mut Vec<f64>) {
     match array.data_type() {
@@ -58,37 +60,6 @@ async fn set_device(ctx: &SessionContext, device: &str) {
         .collect()
         .await
         .unwrap();
-}
-
-/// max |a - b| ≤ 1e-12 · max(1, max |b|).
-fn assert_close(what: &str, a: &[f64], b: &[f64]) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    assert!(!a.is_empty(), "{what}: no values");
-    let scale = b.iter().fold(1.0f64, |s, v| s.max(v.abs()));
-    let worst = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f64, f64::max);
-    assert!(
-        worst <= 1e-12 * scale,
-        "{what}: max difference {worst:e} (scale {scale})"
-    );
-}
-
-/// Whether no CUDA device can be used: the test is then skipped, or fails
-/// where `DFGRAD_REQUIRE_GPU=1` says a GPU must be there.
-fn no_device() -> bool {
-    match cuda::unavailable_reason() {
-        Some(reason) if std::env::var("DFGRAD_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("DFGRAD_REQUIRE_GPU=1 but no CUDA device can be used: {reason}")
-        }
-        Some(reason) => {
-            println!("skipped: no CUDA device ({reason})");
-            true
-        }
-        None => false,
-    }
 }
 
 /// Products of every form, on several rows, with a constant operand; large

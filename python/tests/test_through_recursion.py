@@ -367,6 +367,55 @@ def test_hypergradient_of_a_tensor_network_trained_over_a_data_table_matches_jax
     assert got["dlr"] == pytest.approx(float(jax.grad(final_loss)(lr)), rel=1e-8)
 
 
+@pytest.mark.parametrize("variable", ["w0", "lr"])
+def test_meta_gradient_of_a_training_loop_matches_jax(variable):
+    # 12 steps of w <- w - lr * avg(grad(loss, w)) over a data table, with w
+    # a 2x3 matrix of a tanh network and lr a per-parameter learning rate (a
+    # matrix too); the gradient of the validation loss after the loop with
+    # respect to the initial weights, or to the learning rates (issue 48:
+    # 6 elements, so `auto` takes forward mode through the aggregating step).
+    n, steps = 25, 12
+    xs, vxs = RNG.normal(size=(n, 3)), RNG.normal(size=(10, 3))
+    ys, vys = np.sin(xs @ [1.0, -0.5, 0.3]), np.sin(vxs @ [1.0, -0.5, 0.3])
+    w0 = 0.5 * RNG.normal(size=(2, 3))
+    lr0 = 0.2 + 0.3 * RNG.random(size=(2, 3))
+
+    def loss(w, x, y):
+        return jnp.mean((jnp.sum(jnp.tanh(jnp.asarray(x) @ w.T), axis=1) - jnp.asarray(y)) ** 2)
+
+    def valid_loss(w0, lr):
+        def step(_, w):
+            return w - lr * jax.grad(loss)(w, xs, ys)
+
+        return loss(jax.lax.fori_loop(0, steps, step, w0), vxs, vys)
+
+    want = jax.grad(valid_loss, argnums=0 if variable == "w0" else 1)(
+        jnp.asarray(w0), jnp.asarray(lr0)
+    )
+    ctx = dg.SessionContext()
+    for name, (x, y) in {"tr": (xs, ys), "va": (vxs, vys)}.items():
+        rows = " UNION ALL ".join(
+            f"SELECT {tensor_literal(a)} AS x, {num(b)} AS y" for a, b in zip(x, y)
+        )
+        ctx.sql(f"CREATE TABLE {name} AS {rows}").collect()
+    row_loss = "power(tensor_total(tensor_tanh(matvec(w, {x}))) - {y}, 2)"
+    got = one_row(
+        ctx,
+        f"""
+        WITH RECURSIVE train(step, w, w0, lr) AS (
+          SELECT 0, w0 AS w, w0, lr FROM (SELECT {matrix_literal(w0)} AS w0, {matrix_literal(lr0)} AS lr) i
+          UNION ALL
+          SELECT step + 1,
+                 tensor_sub(w, tensor_mul(lr, tensor_avg(grad({row_loss.format(x="tr.x", y="tr.y")}, w)))),
+                 w0, lr
+          FROM train CROSS JOIN tr WHERE step < {steps} GROUP BY step, w, w0, lr)
+        SELECT grad(avg({row_loss.format(x="va.x", y="va.y")}), {variable}) AS g
+        FROM train CROSS JOIN va WHERE step = {steps} GROUP BY {variable}
+        """,
+    )
+    assert np.asarray(got["g"]) == pytest.approx(np.asarray(want), rel=1e-8, abs=1e-12)
+
+
 def test_data_dependent_stop_in_reverse_mode_matches_jax():
     run = run_to_threshold
     dc, dx0 = threshold_derivatives()

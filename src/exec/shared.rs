@@ -35,12 +35,27 @@ type Pending =
 #[derive(Debug, Default)]
 pub struct Cache(
     /// The iteration the result was computed in, and the result.
-    // pub for the tests in tests/unit/exec_shared.rs
-    #[doc(hidden)]
-    pub Mutex<Option<(u64, Pending)>>,
+    Mutex<Option<(u64, Pending)>>,
 );
 
 impl Cache {
+    /// Whether the result computed last is kept in memory (`None`: none
+    /// computed yet); waits for it.
+    // pub for the tests in tests/unit/exec_shared.rs
+    #[doc(hidden)]
+    pub async fn kept(&self) -> Result<Option<bool>> {
+        let pending = self
+            .0
+            .lock()
+            .expect("cache lock")
+            .as_ref()
+            .map(|(_, p)| p.clone());
+        match pending {
+            None => Ok(None),
+            Some(p) => Ok(Some(p.await.map_err(DataFusionError::Shared)?.is_some())),
+        }
+    }
+
     /// The result of `input` in `iteration`, computed on its first call; an
     /// input computed in an earlier iteration is reset and computed again.
     fn get(

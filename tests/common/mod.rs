@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: running the `dfgrad` binary,
 //! and comparing numbers ([`numbers`]).
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod numbers;
 
 /// Runs `f` on a thread with a stack of `bytes`: DataFusion recurses over

@@ -28,11 +28,8 @@ async fn both(context: TaskContext) -> Result<(Vec<usize>, bool)> {
         let batches = collect(exec, Arc::clone(&context)).await?;
         rows.push(batches.iter().map(RecordBatch::num_rows).sum());
     }
-    let (_, pending) = cache.0.lock().unwrap().clone().expect("computed");
-    let kept = pending
-        .await
-        .map_err(datafusion::error::DataFusionError::Shared)?;
-    Ok((rows, kept.is_some()))
+    let kept = cache.kept().await?.expect("computed");
+    Ok((rows, kept))
 }
 
 #[tokio::test]

@@ -8,53 +8,18 @@
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublas::StridedBatchedConfig;
 use datafusion_grad::error::ErrorKind;
+use datafusion_grad::tensor::construct::random_values;
 use datafusion_grad::tensor::cuda::{
     available, cublas_call, device_name, gemm_batched, gemm_one, layout, unavailable_reason,
     Operand,
 };
 use datafusion_grad::tensor::gemm_form::Form;
 
-fn gpu_or_skip() -> bool {
-    match unavailable_reason() {
-        None => true,
-        Some(reason) if std::env::var("DFGRAD_REQUIRE_GPU").is_ok_and(|v| v == "1") => {
-            panic!("DFGRAD_REQUIRE_GPU=1 but no CUDA device can be used: {reason}")
-        }
-        Some(reason) => {
-            println!("skipped: no CUDA device ({reason})");
-            false
-        }
-    }
-}
+use crate::common::gpu::{assert_close, no_device};
 
-/// Deterministic values in [-1, 1) (an LCG; no dependency needed).
+/// Values in [-1, 1) of the stream `seed`.
 fn values(seed: u64, len: usize) -> Vec<f64> {
-    let mut state = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
-        })
-        .collect()
-}
-
-/// max |gpu - cpu| / max(1, max |cpu|) ≤ 1e-12.
-fn assert_close(what: &str, gpu: &[f64], cpu: &[f64]) {
-    assert_eq!(gpu.len(), cpu.len(), "{what}: lengths");
-    let scale = cpu.iter().fold(1.0f64, |s, v| s.max(v.abs()));
-    let worst = gpu
-        .iter()
-        .zip(cpu)
-        .map(|(g, c)| (g - c).abs())
-        .fold(0.0f64, f64::max);
-    assert!(
-        worst <= 1e-12 * scale,
-        "{what}: max |gpu - cpu| = {worst:e} (scale {scale})"
-    );
+    random_values(seed as f64, len)
 }
 
 const SHAPES: &[(usize, usize, usize)] = &[
@@ -175,7 +140,7 @@ fn cublas_arguments_give_the_cpu_products() {
 
 #[test]
 fn single_products_match_the_cpu() {
-    if !gpu_or_skip() {
+    if no_device() {
         return;
     }
     for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
@@ -192,7 +157,7 @@ fn single_products_match_the_cpu() {
 
 #[test]
 fn a_known_product() {
-    if !gpu_or_skip() {
+    if no_device() {
         return;
     }
     // [[1,2,3],[4,5,6]] · [[1,0],[2,1],[0,3]] = [[5,11],[14,23]]
@@ -215,7 +180,7 @@ fn a_known_product() {
 
 #[test]
 fn batches_with_constant_operands_match_the_cpu() {
-    if !gpu_or_skip() {
+    if no_device() {
         return;
     }
     for (i, &(m, n, k)) in SHAPES.iter().enumerate() {
@@ -256,7 +221,7 @@ fn batches_with_constant_operands_match_the_cpu() {
 
 #[test]
 fn empty_dimensions() {
-    if !gpu_or_skip() {
+    if no_device() {
         return;
     }
     assert_eq!(gemm_one(Form::NN, 2, 3, 0, &[], &[]).unwrap(), [0.0; 6]);

@@ -40,7 +40,8 @@
 //!
 //! Where `datafusion_grad.recursion_mode = 'auto'` finds reverse mode
 //! cheaper (`reverse_recursion::chosen`: tensor variables with more elements,
-//! or a derivative asked for at some rows only), or the setting asks for it,
+//! or a derivative asked for at some rows only, of a loop reverse mode
+//! follows), or the setting asks for it,
 //! the markers are taken in reverse mode instead (`reverse_recursion.rs`).
 
 use std::sync::Arc;
@@ -566,30 +567,56 @@ impl<'r> Tangents<'r> {
     /// columns, as the analyzer takes it over the term's output (a column
     /// defined from `v`'s definition follows it; `v` itself, however it
     /// is defined, is the variable: its definition is held fixed).
+    ///
+    /// Where the term is a SELECT list whose variables are columns of its
+    /// input (`SELECT tensor_add(init.w0, scale(dir, s)) AS w, s FROM init,
+    /// h`; see [`first_row`]), the tangents are taken in that list, over its
+    /// input: the other columns the definitions read (`init.w0`) are
+    /// visible there, so they need not be traced to the variable. The
+    /// derivative is the same as over the term's output (the variable's
+    /// value is that column's).
     fn static_term(&self) -> Result<LogicalPlan> {
         let term = self.r.static_term.as_ref();
-        let columns = term.schema().columns();
-        let mut exprs: Vec<Expr> = columns.iter().cloned().map(Expr::Column).collect();
+        let schema = term.schema();
+        let (mut exprs, definitions, input) = match first_row(term)? {
+            Some((definitions, input))
+                if self
+                    .sets
+                    .iter()
+                    .all(|&(v, _)| matches!(definitions[v], Expr::Column(_))) =>
+            {
+                let exprs = (definitions.iter().enumerate())
+                    .map(|(i, e)| {
+                        let (qualifier, field) = schema.qualified_field(i);
+                        e.clone().alias_qualified(qualifier.cloned(), field.name())
+                    })
+                    .collect();
+                (exprs, definitions, input)
+            }
+            _ => {
+                let columns: Vec<Expr> = schema.columns().into_iter().map(Expr::Column).collect();
+                (columns.clone(), columns, term)
+            }
+        };
         let names = self.names();
         let mut names = names.iter();
         for (j, moving) in self.moving.iter().enumerate() {
-            let v = self.sets[j].0;
+            let variable = definitions[self.sets[j].0].clone();
             for &c in moving {
-                let (value, variable) = (
-                    Expr::Column(columns[c].clone()),
-                    Expr::Column(columns[v].clone()),
-                );
+                let value = definitions[c].clone();
                 let tangent = match (self.direction(j)?, self.is_tensor(c)) {
-                    (Some(e), _) => self.marker(MarkerKind::Jvp, vec![value, variable, e]),
-                    (None, true) => self.marker(MarkerKind::Jvp, vec![value, variable, lit(1.0)]),
-                    (None, false) => self.marker(MarkerKind::Grad, vec![value, variable]),
+                    (Some(e), _) => self.marker(MarkerKind::Jvp, vec![value, variable.clone(), e]),
+                    (None, true) => {
+                        self.marker(MarkerKind::Jvp, vec![value, variable.clone(), lit(1.0)])
+                    }
+                    (None, false) => self.marker(MarkerKind::Grad, vec![value, variable.clone()]),
                 };
                 exprs.push(tangent.alias(names.next().expect("a name per tangent")));
             }
         }
         Ok(LogicalPlan::Projection(Projection::try_new(
             exprs,
-            Arc::new(term.clone()),
+            Arc::new(input.clone()),
         )?))
     }
 
@@ -632,6 +659,46 @@ impl<'r> Tangents<'r> {
             Arc::new(input),
         )?))
     }
+}
+
+/// The first row's columns as expressions over the input of the SELECT
+/// list that computes them, looking through the projections (and aliases)
+/// above it that only rename its columns (`WITH RECURSIVE s(step, w) AS
+/// (SELECT 0, …)` renames the list's columns); `None` where the static term
+/// is not a SELECT list.
+fn first_row(term: &LogicalPlan) -> Result<Option<(Vec<Expr>, &LogicalPlan)>> {
+    let LogicalPlan::Projection(p) = term else {
+        return Ok(None);
+    };
+    let mut definitions: Vec<Expr> = p.expr.iter().map(|e| unalias(e).clone()).collect();
+    let mut input = p.input.as_ref();
+    loop {
+        // The SELECT list below the renames, through aliases of it.
+        let mut below = input;
+        while let LogicalPlan::SubqueryAlias(a) = below {
+            below = a.input.as_ref();
+        }
+        let LogicalPlan::Projection(q) = below else {
+            break;
+        };
+        // Only renames are looked through, and no volatile value is
+        // written twice by it.
+        let renames = definitions.iter().all(|e| matches!(e, Expr::Column(_)));
+        if !renames || q.expr.iter().any(|e| e.is_volatile()) {
+            break;
+        }
+        let mut inner = Vec::with_capacity(definitions.len());
+        for e in &definitions {
+            let Expr::Column(c) = e else {
+                unreachable!("a rename")
+            };
+            let i = input.schema().index_of_column(c)?;
+            inner.push(unalias(&q.expr[i]).clone());
+        }
+        definitions = inner;
+        input = q.input.as_ref();
+    }
+    Ok(Some((definitions, input)))
 }
 
 /// The SELECT list of `r`'s recursive term, and its input reading a work

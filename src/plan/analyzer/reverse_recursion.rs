@@ -80,7 +80,10 @@ pub(super) fn with_mode<T>(mode: RecursionMode, analysis: impl FnOnce() -> T) ->
 /// `T²/2` for every row. So `auto` takes forward mode for number variables,
 /// and for tensor variables of at most [`MAX_DIRECTIONS`] elements in all
 /// where the derivative is asked for at every row (`every_row`: no filter
-/// or limit between the CTE and the marker); reverse mode otherwise.
+/// or limit between the CTE and the marker) or where reverse mode does not
+/// follow the loop (a step that joins or aggregates, a first row computed
+/// from the variable: [`follows`]); reverse mode otherwise. Both modes give
+/// the same derivative; the choice is one of cost.
 pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize], every_row: bool) -> Result<bool> {
     Ok(match MODE.with(Cell::get) {
         RecursionMode::Forward => false,
@@ -89,10 +92,47 @@ pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize], every_row: bool) -
             let schema = r.static_term.schema();
             let types = || variables.iter().map(|&v| schema.field(v).data_type());
             let directions: Option<usize> = types().map(|t| Shape::of(t).map(Shape::size)).sum();
+            let forward_fits = directions.is_some_and(|d| d <= MAX_DIRECTIONS);
             types().any(|t| t.is_nested())
-                && !(every_row && directions.is_some_and(|d| d <= MAX_DIRECTIONS))
+                && !(forward_fits && (every_row || !follows(r, variables)?))
         }
     })
+}
+
+/// Whether reverse mode follows the loop `r` for `variables`: a row-wise
+/// step, and a first row that copies each variable or does not read it.
+fn follows(r: &RecursiveQuery, variables: &[usize]) -> Result<bool> {
+    if !row_wise(r) {
+        return Ok(false);
+    }
+    let schema = r.static_term.schema();
+    let differentiable: Vec<usize> = (0..schema.fields().len())
+        .filter(|&c| is_differentiable(schema.field(c).data_type()))
+        .collect();
+    for &v in variables {
+        if first_row_copies(&r.static_term, &differentiable, v)?.is_err() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Whether `r`'s recursive term is a row-wise step, the loops reverse mode
+/// follows: projections, aliases, filters, sorts and limits over one scan
+/// of the work table (see [`inline_step`]).
+fn row_wise(r: &RecursiveQuery) -> bool {
+    let mut plan = r.recursive_term.as_ref();
+    loop {
+        plan = match plan {
+            LogicalPlan::Projection(p) => p.input.as_ref(),
+            LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
+            LogicalPlan::Filter(f) => f.input.as_ref(),
+            LogicalPlan::Sort(s) => s.input.as_ref(),
+            LogicalPlan::Limit(l) => l.input.as_ref(),
+            LogicalPlan::TableScan(s) => return s.table_name.table() == r.name,
+            _ => return false,
+        }
+    }
 }
 
 /// `node` (over `input`) with its markers through the CTE of `found`
@@ -378,9 +418,10 @@ fn inline_step(r: &RecursiveQuery, state: &DFSchema) -> Result<Vec<Expr>> {
                     format!(
                         "derivatives through the recursive CTE `{}` in reverse mode follow \
                          row-wise loops (projections and filters over the previous row); its \
-                         recursive term contains `{}`; with float columns, forward mode \
-                         (SET datafusion_grad.recursion_mode = 'forward') follows joins and \
-                         aggregates",
+                         recursive term contains `{}`; forward mode (SET \
+                         datafusion_grad.recursion_mode = 'forward' or 'auto') follows joins and \
+                         aggregates, for float and float tensor states and variables of at most \
+                         {MAX_DIRECTIONS} elements in all",
                         r.name,
                         shown.split(':').next().unwrap_or_default().trim()
                     ),
@@ -451,6 +492,29 @@ fn copies_of(
     v: usize,
     name: &str,
 ) -> Result<Vec<usize>> {
+    match first_row_copies(static_term, differentiable, v)? {
+        Ok(copies) => Ok(copies),
+        Err(c) => fail(
+            ErrorKind::NeedsPlanContext,
+            format!(
+                "derivatives through the recursive CTE `{name}` in reverse mode: its first \
+                 row computes `{}` from the variable `{}`; reverse mode takes a first row \
+                 that copies the variable (e.g. `SELECT v0 AS v, v0`) or does not read it",
+                static_term.schema().field(c).name(),
+                static_term.schema().field(v).name()
+            ),
+        ),
+    }
+}
+
+/// The differentiable columns (positions in `differentiable`) whose first
+/// value is the variable `v`'s, or `Err` with a column whose first value is
+/// computed from `v`'s otherwise.
+fn first_row_copies(
+    static_term: &LogicalPlan,
+    differentiable: &[usize],
+    v: usize,
+) -> Result<std::result::Result<Vec<usize>, usize>> {
     let (v_origin, v_at) = origin_of(static_term, v)?;
     let v_parts = parts(static_term, v)?;
     let mut copies = Vec::new();
@@ -460,19 +524,10 @@ fn copies_of(
         if same {
             copies.push(i);
         } else if overlaps(&parts(static_term, c)?, &v_parts) {
-            return fail(
-                ErrorKind::NeedsPlanContext,
-                format!(
-                    "derivatives through the recursive CTE `{name}` in reverse mode: its first \
-                     row computes `{}` from the variable `{}`; reverse mode takes a first row \
-                     that copies the variable (e.g. `SELECT v0 AS v, v0`) or does not read it",
-                    static_term.schema().field(c).name(),
-                    static_term.schema().field(v).name()
-                ),
-            );
+            return Ok(Err(c));
         }
     }
-    Ok(copies)
+    Ok(Ok(copies))
 }
 
 /// Refuses an `f` that reads a value computed from the CTE's columns

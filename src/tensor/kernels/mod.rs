@@ -28,7 +28,8 @@
 //! a couple of loads and a predictable branch. [`isa`] reports which path
 //! this machine takes. The unit tests (`tests/unit/tensor_kernels.rs`) can
 //! force the portable path on an AVX2 machine (`FORCE_PORTABLE`), so both
-//! paths are tested.
+//! paths are tested; the flag is a thread-local `Cell` with a constant
+//! initializer, one more load per call beside the CPUID bits.
 //!
 //! # Safety
 //!
