@@ -275,8 +275,10 @@ fn panic_in_a_reader_is_an_error() {
             (lines[2], "after\r\n2\r\n"),
         ],
     );
+    // (where the reader panics depends on the build: the dependencies'
+    // overflow checks are off in the dev profile, as in a release build)
     assert!(
-        shown.contains("Error: Internal error: a panic at parquet-"),
+        shown.contains("Error: Internal error: a panic at "),
         "{shown}"
     );
     assert!(!shown.contains("panicked at"), "{shown}");
