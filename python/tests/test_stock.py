@@ -188,3 +188,48 @@ def test_tensor_functions_from_arrow_data():
     assert got == {tuple(r) for r in expected_gx}
     mean = ctx.sql("SELECT tensor_avg(x) AS m FROM t").to_arrow_table()["m"]
     np.testing.assert_array_equal(dg.tensor.to_numpy(mean), [[1.5, 1.0]])
+
+
+def test_meta_gradient_through_a_training_loop_in_the_stock_session(ctx):
+    # issue 48: the gradient of the validation loss after 10 steps over a data
+    # table with respect to the initial weights (a tensor carried unchanged);
+    # `auto` takes forward mode through the aggregating step. jax.grad of
+    # the unrolled loop (as sql-tests/through_recursion.slt):
+    want = [0.006651162632494247, -0.0007784882032474007, 0.001016796403781, -0.010528854655779239]
+    ctx.sql(
+        "CREATE TABLE tr AS SELECT tensor([sin(value * 1.0), cos(value * 2.0), sin(value * 0.3), "
+        "cos(value * 0.7)], 4) AS x, sin(value * 0.37) AS y FROM generate_series(1, 30)"
+    ).collect()
+    ctx.sql(
+        "CREATE TABLE va AS SELECT tensor([cos(value * 1.0), sin(value * 2.0), cos(value * 0.3), "
+        "sin(value * 0.7)], 4) AS x, cos(value * 0.37) AS y FROM generate_series(1, 10)"
+    ).collect()
+    got = ctx.sql(
+        """
+        WITH RECURSIVE train(step, w, w0) AS (
+          SELECT 0, w0 AS w, w0 FROM (SELECT tensor([0.1, 0.2, -0.1, 0.3], 4) AS w0) i
+          UNION ALL
+          SELECT step + 1, tensor_sub(w, scale(tensor_avg(grad(power(tanh(dot(w, x)) - y, 2), w)), 0.5)), w0
+          FROM train CROSS JOIN tr WHERE step < 10 GROUP BY step, w, w0)
+        SELECT grad(avg(power(tanh(dot(w, va.x)) - va.y, 2)), w0) AS g
+        FROM train CROSS JOIN va WHERE step = 10 GROUP BY w0
+        """
+    ).to_pydict()["g"]
+    assert len(got) == 1
+    assert got[0] == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def test_first_row_from_the_callers_table(ctx):
+    # issue 48 (5): the first row built from a column of the caller's table
+    # and the variable; d/ds of |w_5|^2 (jax.grad: 13.478965302991233)
+    ctx.sql("CREATE TABLE init AS SELECT tensor([0.5, -0.25, 1.0], 3) AS w0").collect()
+    got = ctx.sql(
+        """
+        WITH RECURSIVE s(step, w, sc) AS (
+          SELECT 0, tensor_add(init.w0, scale(tensor([1.0, 2.0, 3.0], 3), sc)), sc
+          FROM init CROSS JOIN (SELECT 0.1 AS sc) h
+          UNION ALL SELECT step + 1, tensor_add(w, scale(tensor_tanh(w), 0.1)), sc FROM s WHERE step < 5)
+        SELECT grad(tensor_total(tensor_mul(w, w)), sc) AS d FROM s WHERE step = 5
+        """
+    ).to_pydict()["d"]
+    assert got == pytest.approx([13.478965302991233], rel=1e-12)
