@@ -192,6 +192,58 @@ pub(crate) fn adjoint_column(c: usize) -> String {
     format!("__dfgrad_adjoint{c}")
 }
 
+/// The first row (its number) a row of a recursive CTE differentiated in
+/// reverse mode through aggregating steps derives from
+/// (`__dfgrad_trajectory`).
+pub(crate) const TRAJECTORY_COLUMN: &str = "__dfgrad_trajectory";
+
+/// The value of the `j`-th aggregate of a recursive CTE's step: a variable
+/// of the step's update, and the value that made a row, kept beside it for
+/// reverse mode (`__dfgrad_aggregate{j}`).
+pub(crate) fn aggregate_column(j: usize) -> String {
+    format!("__dfgrad_aggregate{j}")
+}
+
+/// The `j`-th aggregate's value that made the row of a recursive CTE
+/// before, beside it in a backward step (`__dfgrad_previous_aggregate{j}`).
+pub(crate) fn previous_aggregate_column(j: usize) -> String {
+    format!("__dfgrad_previous_aggregate{j}")
+}
+
+/// The `i`-th key of the rows a derivative through a recursive CTE's
+/// aggregating steps is taken for: a group key of the node asking for it,
+/// or its row number (`__dfgrad_key{i}`).
+pub(crate) fn key_column(i: usize) -> String {
+    format!("__dfgrad_key{i}")
+}
+
+/// The recursive CTE that runs the `k`-th derivative through a recursive
+/// CTE's aggregating steps backwards (`__dfgrad_backward{k}`).
+pub(crate) fn backward_cte(k: usize) -> String {
+    format!("__dfgrad_backward{k}")
+}
+
+/// The qualifier of a recursive CTE's rows (with their iteration and
+/// trajectory) read by its backward recursion (`__dfgrad_forward`).
+pub(crate) const FORWARD: &str = "__dfgrad_forward";
+
+/// The rows a derivative through a recursive CTE's aggregating steps is
+/// taken for, numbered (`__dfgrad_row`).
+pub(crate) const ROW_COLUMN: &str = "__dfgrad_row";
+
+/// The number of rows a derivative inside `avg` through a recursive
+/// CTE's aggregating steps averages over, for the `k`-th derivative
+/// (`__dfgrad_count{k}`).
+pub(crate) fn count_column(k: usize) -> String {
+    format!("__dfgrad_count{k}")
+}
+
+/// The `j`-th aggregate's contribution to the cotangent of column `c` of a
+/// recursive CTE's state, in a backward step (`__dfgrad_contribution{j}_{c}`).
+pub(crate) fn contribution_column(j: usize, c: usize) -> String {
+    format!("__dfgrad_contribution{j}_{c}")
+}
+
 /// The `k`-th derivative taken through a recursive CTE's iterations in
 /// reverse mode (`__dfgrad_reverse{k}`).
 pub(crate) fn reverse_column(k: usize) -> String {

@@ -49,6 +49,7 @@ use datafusion::optimizer::optimize_projections::OptimizeProjections;
 use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, OptimizerRule};
 
 mod aggregates;
+mod backward_recursion;
 mod recursion;
 mod reverse_recursion;
 mod subqueries;

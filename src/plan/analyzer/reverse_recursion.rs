@@ -44,6 +44,7 @@ use datafusion::logical_expr::{
     lit, Expr, ExprSchemable, Extension, LogicalPlan, Projection, RecursiveQuery,
 };
 
+use super::backward_recursion::{self, AggregatingStep};
 use super::recursion::{carry, column_named, term_with_columns, Found, MAX_DIRECTIONS};
 use crate::engine::call::{as_marker, has_marker, MarkerKind};
 use crate::engine::{differentiate, Seed};
@@ -102,13 +103,10 @@ pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize], every_row: bool) -
 /// Whether reverse mode follows the loop `r` for `variables`: a row-wise
 /// step, and a first row that copies each variable or does not read it.
 fn follows(r: &RecursiveQuery, variables: &[usize]) -> Result<bool> {
-    if !row_wise(r) {
+    if row_wise_step(r).is_err() {
         return Ok(false);
     }
-    let schema = r.static_term.schema();
-    let differentiable: Vec<usize> = (0..schema.fields().len())
-        .filter(|&c| is_differentiable(schema.field(c).data_type()))
-        .collect();
+    let differentiable = differentiable_columns(r.static_term.schema());
     for &v in variables {
         if first_row_copies(&r.static_term, &differentiable, v)?.is_err() {
             return Ok(false);
@@ -117,22 +115,40 @@ fn follows(r: &RecursiveQuery, variables: &[usize]) -> Result<bool> {
     Ok(true)
 }
 
-/// Whether `r`'s recursive term is a row-wise step, the loops reverse mode
-/// follows: projections, aliases, filters, sorts and limits over one scan
-/// of the work table (see [`inline_step`]).
-fn row_wise(r: &RecursiveQuery) -> bool {
+/// The nodes of `r`'s recursive term from its top down to the scan of the
+/// work table where it is a row-wise step, the loops reverse mode replays
+/// row by row: projections, aliases, filters, sorts and limits over one
+/// whole scan of the work table (see [`inline_step`]); `Err` with the first
+/// node of another kind otherwise.
+fn row_wise_step(r: &RecursiveQuery) -> std::result::Result<Vec<&LogicalPlan>, &LogicalPlan> {
+    let mut path = Vec::new();
     let mut plan = r.recursive_term.as_ref();
     loop {
+        path.push(plan);
         plan = match plan {
             LogicalPlan::Projection(p) => p.input.as_ref(),
             LogicalPlan::SubqueryAlias(a) => a.input.as_ref(),
             LogicalPlan::Filter(f) => f.input.as_ref(),
             LogicalPlan::Sort(s) => s.input.as_ref(),
             LogicalPlan::Limit(l) => l.input.as_ref(),
-            LogicalPlan::TableScan(s) => return s.table_name.table() == r.name,
-            _ => return false,
+            LogicalPlan::TableScan(s)
+                if s.table_name.table() == r.name
+                    && s.projection.is_none()
+                    && s.filters.is_empty() =>
+            {
+                return Ok(path)
+            }
+            other => return Err(other),
         }
     }
+}
+
+/// The float and float tensor columns of `schema`: the columns that carry a
+/// cotangent.
+fn differentiable_columns(schema: &DFSchema) -> Vec<usize> {
+    (0..schema.fields().len())
+        .filter(|&c| is_differentiable(schema.field(c).data_type()))
+        .collect()
 }
 
 /// `node` (over `input`) with its markers through the CTE of `found`
@@ -158,9 +174,7 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
     let state = Arc::new(DFSchema::try_from(
         r.static_term.schema().as_arrow().clone(),
     )?);
-    let differentiable: Vec<usize> = (0..state.fields().len())
-        .filter(|&c| is_differentiable(state.field(c).data_type()))
-        .collect();
+    let differentiable = differentiable_columns(&state);
     for (c, field) in state.fields().iter().enumerate() {
         for &v in &found.variables {
             if !differentiable.contains(&c) && (c == v || through_iterations(r, c, v)?) {
@@ -174,7 +188,40 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
             }
         }
     }
-    let updates = inline_step(r, &state)?;
+    let path = match row_wise_step(r) {
+        Ok(path) => path,
+        Err(other) => match AggregatingStep::of(r)? {
+            Some(step) => {
+                return backward_recursion::reverse(
+                    node,
+                    input,
+                    found,
+                    &step,
+                    &state,
+                    &differentiable,
+                )
+            }
+            None => {
+                let shown = other.display().to_string();
+                return fail(
+                    ErrorKind::NeedsPlanContext,
+                    format!(
+                        "derivatives through the recursive CTE `{}` in reverse mode follow \
+                         row-wise loops (projections and filters over the previous row) and \
+                         loops whose step aggregates over data grouped by the previous row's \
+                         columns (SELECT … FROM cte CROSS JOIN data GROUP BY every column of \
+                         cte); its recursive term contains `{}`; forward mode (SET \
+                         datafusion_grad.recursion_mode = 'forward' or 'auto') follows joins \
+                         and aggregates, for float and float tensor states and variables of at \
+                         most {MAX_DIRECTIONS} elements in all",
+                        r.name,
+                        shown.split(':').next().unwrap_or_default().trim()
+                    ),
+                );
+            }
+        },
+    };
+    let updates = inline_step(&path, &state)?;
     let rules = found.rules.read().expect("rule table lock");
     // The step's vector-Jacobian product: the gradient of Σ ⟨λ_c, u_c⟩
     // with respect to the previous row's differentiable columns.
@@ -350,27 +397,30 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
 
 /// Floats and float tensors (vectors, matrices): the columns that carry a
 /// cotangent.
-fn is_differentiable(t: &DataType) -> bool {
+pub(super) fn is_differentiable(t: &DataType) -> bool {
     *t == DataType::Float64 || tensor::Shape::is_tensor_type(t)
 }
 
 /// `a + b` for cotangents of type `t`.
-fn add(a: Expr, b: Expr, t: &DataType) -> Expr {
+pub(super) fn add(a: Expr, b: Expr, t: &DataType) -> Expr {
     match t {
         DataType::Float64 => a + b,
         _ => tensor::call("tensor_add", vec![a, b]),
     }
 }
 
-/// The recursive term of `r` as one update expression per column over the
-/// previous row (`state`'s unqualified columns): projections inlined,
-/// filters, sorts and limits passed (they only drop rows; a row that
-/// exists passed them). Anything else is refused.
-fn inline_step(r: &RecursiveQuery, state: &DFSchema) -> Result<Vec<Expr>> {
-    let term = r.recursive_term.as_ref();
-    let mut exprs: Vec<Expr> = columns(term);
-    let mut plan = term;
-    loop {
+/// The row-wise recursive term of `r` (its `path` from the top down to the
+/// work table's scan: [`row_wise_step`]) as one update expression per
+/// column over the previous row (`state`'s unqualified columns):
+/// projections inlined, filters, sorts and limits passed (they only drop
+/// rows; a row that exists passed them).
+fn inline_step(path: &[&LogicalPlan], state: &DFSchema) -> Result<Vec<Expr>> {
+    let name = match path.last() {
+        Some(LogicalPlan::TableScan(s)) => s.table_name.table().to_string(),
+        _ => unreachable!("a row-wise step ends at the work table"),
+    };
+    let mut exprs: Vec<Expr> = columns(path[0]);
+    for &plan in path {
         let below = |exprs: Vec<Expr>, with: &dyn Fn(usize) -> Expr| {
             exprs
                 .into_iter()
@@ -386,48 +436,17 @@ fn inline_step(r: &RecursiveQuery, state: &DFSchema) -> Result<Vec<Expr>> {
                 })
                 .collect::<Result<Vec<_>>>()
         };
-        match plan {
-            LogicalPlan::Projection(p) => {
-                exprs = below(exprs, &|i| unalias(&p.expr[i]).clone())?;
-                plan = p.input.as_ref();
-            }
+        exprs = match plan {
+            LogicalPlan::Projection(p) => below(exprs, &|i| unalias(&p.expr[i]).clone())?,
             LogicalPlan::SubqueryAlias(a) => {
                 let inner = a.input.schema();
-                exprs = below(exprs, &|i| {
-                    Expr::Column(Column::from(inner.qualified_field(i)))
-                })?;
-                plan = a.input.as_ref();
+                below(exprs, &|i| Expr::Column(Column::from(inner.qualified_field(i))))?
             }
-            LogicalPlan::Filter(f) => plan = f.input.as_ref(),
-            LogicalPlan::Sort(s) => plan = s.input.as_ref(),
-            LogicalPlan::Limit(l) => plan = l.input.as_ref(),
-            LogicalPlan::TableScan(s)
-                if s.table_name.table() == r.name
-                    && s.projection.is_none()
-                    && s.filters.is_empty() =>
-            {
-                exprs = below(exprs, &|i| {
-                    Expr::Column(Column::new_unqualified(state.field(i).name()))
-                })?;
-                break;
-            }
-            other => {
-                let shown = other.display().to_string();
-                return fail(
-                    ErrorKind::NeedsPlanContext,
-                    format!(
-                        "derivatives through the recursive CTE `{}` in reverse mode follow \
-                         row-wise loops (projections and filters over the previous row); its \
-                         recursive term contains `{}`; forward mode (SET \
-                         datafusion_grad.recursion_mode = 'forward' or 'auto') follows joins and \
-                         aggregates, for float and float tensor states and variables of at most \
-                         {MAX_DIRECTIONS} elements in all",
-                        r.name,
-                        shown.split(':').next().unwrap_or_default().trim()
-                    ),
-                );
-            }
-        }
+            LogicalPlan::TableScan(_) => below(exprs, &|i| {
+                Expr::Column(Column::new_unqualified(state.field(i).name()))
+            })?,
+            _ => exprs,
+        };
     }
     for e in &exprs {
         let mut bad = has_marker(e) || e.is_volatile();
@@ -445,10 +464,9 @@ fn inline_step(r: &RecursiveQuery, state: &DFSchema) -> Result<Vec<Expr>> {
             return fail(
                 ErrorKind::NeedsPlanContext,
                 format!(
-                    "derivatives through the recursive CTE `{}` in reverse mode: its update \
+                    "derivatives through the recursive CTE `{name}` in reverse mode: its update \
                      `{e}` has a subquery, a volatile function or a derivative left to \
-                     simplify; reverse mode replays the update as a function of the previous row",
-                    r.name
+                     simplify; reverse mode replays the update as a function of the previous row"
                 ),
             );
         }
@@ -486,7 +504,7 @@ fn with_history(r: &RecursiveQuery, names: &[String]) -> Result<LogicalPlan> {
 /// The differentiable columns (positions in `differentiable`) whose first
 /// value is the variable `v`'s (itself, or a copy the static term makes of
 /// the same value); a first value computed from `v`'s otherwise is refused.
-fn copies_of(
+pub(super) fn copies_of(
     static_term: &LogicalPlan,
     differentiable: &[usize],
     v: usize,
@@ -532,7 +550,7 @@ fn first_row_copies(
 
 /// Refuses an `f` that reads a value computed from the CTE's columns
 /// rather than the columns themselves: its seeds would miss the path.
-fn reads_the_cte_directly(
+pub(super) fn reads_the_cte_directly(
     f: &Expr,
     input: &LogicalPlan,
     cte: &LogicalPlan,
