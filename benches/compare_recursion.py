@@ -14,6 +14,12 @@ Cases (each a recursive query; the timed statement returns one row):
   * `hypergradient N`: 20 gradient-descent steps of linear regression over an
     N-row table (aggregates over the data in every step); `loop` selects the
     final loss, `1 var` its derivative with respect to the learning rate.
+  * `meta N T`: T gradient-descent steps of a tanh unit with 8 weights over
+    an N-row table (issue 48, case 1); `loop` selects the validation loss
+    (1,000 rows) after it, `forward` and `reverse` also its gradient with
+    respect to the initial weights in each mode (forward: 8 tangents
+    through every step; reverse: the backward recursive query). The
+    issue's target is <= 4x the loop in reverse mode.
 
 The time of a statement is the `Elapsed` line dfgrad prints for it
 (planning + execution). Variants alternate within one process (ABBA order)
@@ -60,6 +66,7 @@ RESIDUAL_SELECTS = {
 }
 
 REVERSE = "SET datafusion_grad.recursion_mode = 'reverse';\n{sql}\nSET datafusion_grad.recursion_mode = 'auto';"
+FORWARD = REVERSE.replace("'reverse'", "'forward'")
 
 HYPER = """WITH RECURSIVE p(step, w, b, lr) AS (
   SELECT 0 AS step, CAST(0.0 AS DOUBLE) AS w, CAST(0.0 AS DOUBLE) AS b, CAST(0.2 AS DOUBLE) AS lr
@@ -75,6 +82,21 @@ HYPER_SELECTS = {
     "1 var": "avg(power(p.w * d.x + p.b - d.y, 2)), grad(avg(power(p.w * d.x + p.b - d.y, 2)), p.lr)",
 }
 
+META = """WITH RECURSIVE train(step, w, w0) AS (
+  SELECT 0, w0 AS w, w0 FROM (SELECT scale(random_tensor(3, 8), 0.3) AS w0) i
+  UNION ALL
+  SELECT step + 1, tensor_sub(w, scale(tensor_avg(grad(power(tanh(dot(w, x)) - y, 2), w)), 0.5)), w0
+  FROM train CROSS JOIN tr WHERE step < {t} GROUP BY step, w, w0)
+SELECT {select} FROM train CROSS JOIN va WHERE step = {t} GROUP BY w0;"""
+
+META_LOSS = "avg(power(tanh(dot(w, va.x)) - va.y, 2))"
+
+# An 8-feature table of n rows (features from sines of the row number).
+META_TABLE = """CREATE OR REPLACE TABLE {name} AS SELECT
+  tensor([sin(i * 0.11), cos(i * 0.23), sin(i * 0.37), cos(i * 0.41), sin(i * 0.53), cos(i * 0.67), sin(i * 0.71), cos(i * 0.83)], 8) AS x,
+  tanh(0.4 * sin(i * 0.11) - 0.3 * cos(i * 0.67) + 0.2 * sin(i * 0.71)) AS y
+  FROM (SELECT value AS i FROM generate_series({first}, {last}));"""
+
 
 def default_dfgrad():
     target = os.environ.get(
@@ -89,6 +111,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--steps", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--rows", type=int, nargs="+", default=[100_000])
+    ap.add_argument("--meta-steps", type=int, nargs="+", default=[20])
     ap.add_argument("--memory", action="store_true")
     args = ap.parse_args()
     if args.memory:
@@ -112,6 +135,14 @@ def main():
         )
         for variant, select in HYPER_SELECTS.items():
             cases.append((f"hypergradient N={n}", variant, HYPER.format(select=select)))
+        setup.append(META_TABLE.format(name="tr", first=1, last=n))
+        setup.append(META_TABLE.format(name="va", first=n + 1, last=n + 1000))
+        for t in args.meta_steps:
+            case = f"meta N={n} T={t}"
+            gradient = f"{META_LOSS}, grad({META_LOSS}, w0)"
+            cases.append((case, "loop", META.format(t=t, select=META_LOSS)))
+            cases.append((case, "forward", FORWARD.format(sql=META.format(t=t, select=gradient))))
+            cases.append((case, "reverse", REVERSE.format(sql=META.format(t=t, select=gradient))))
     if len(args.rows) > 1:
         sys.exit("one --rows value per run (the table d is replaced)")
 
@@ -125,7 +156,7 @@ def main():
         sys.exit(p.stderr)
     elapsed = [float(m) for m in re.findall(r"Elapsed ([0-9.]+) seconds", p.stdout + p.stderr)]
     statements = lambda sql: sql.count(";")
-    elapsed = elapsed[len(setup) + statements(cases[0][2]) :]  # the setup and one warm-up run
+    elapsed = elapsed[sum(statements(s) for s in setup) + statements(cases[0][2]) :]  # the setup and one warm-up run
     if len(elapsed) != sum(statements(sql) for _, _, sql in order):
         sys.exit(f"unexpected number of timings ({len(elapsed)}):\n{p.stdout[-2000:]}")
     times = {}

@@ -649,3 +649,81 @@ fn recover_initial_state_through_its_recursion_matches_gradient_descent() {
     }
     assert!(loss < 0.05 && error < 0.01, "{loss} {error}");
 }
+
+/// examples/learning_rates.sql: three hyper-steps of descent on 24
+/// per-weight log learning rates, each through the 15 aggregating steps of
+/// a training loop (reverse mode through the recursion), give the
+/// validation losses of the same descent computed here, its hypergradients
+/// by central differences of the training loop run in plain Rust.
+#[test]
+fn learning_rates_through_a_training_loop_match_finite_differences() {
+    let out = dfgrad_ok(&[
+        "--format",
+        "csv",
+        "-q",
+        "-f",
+        &example("learning_rates.sql"),
+    ]);
+    let got = Table::after_header(&out, "hyper_step,validation_loss");
+    let (n, steps) = (24, 15);
+    let x: Vec<Vec<f64>> = (1..=600)
+        .map(|i| {
+            (0..n)
+                .map(|k| (i as f64 * (k + 1) as f64 * 0.37 + k as f64).sin())
+                .collect()
+        })
+        .collect();
+    let truth: Vec<f64> = (0..n).map(|k| 0.3 * (k as f64 * 1.7).cos()).collect();
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(a, b)| a * b).sum::<f64>();
+    let y: Vec<f64> = x.iter().map(|x| dot(x, &truth).tanh()).collect();
+    let (train, valid) = (0..400, 400..600);
+    let loss = |w: &[f64], rows: std::ops::Range<usize>| {
+        let count = rows.len() as f64;
+        rows.map(|i| (dot(w, &x[i]).tanh() - y[i]).powi(2))
+            .sum::<f64>()
+            / count
+    };
+    let validation = |log_lr: &[f64]| {
+        let mut w = vec![0.0; n];
+        for _ in 0..steps {
+            let mut g = vec![0.0; n];
+            for i in train.clone() {
+                let t = dot(&w, &x[i]).tanh();
+                let d = 2.0 * (t - y[i]) * (1.0 - t * t) / train.len() as f64;
+                for k in 0..n {
+                    g[k] += d * x[i][k];
+                }
+            }
+            for k in 0..n {
+                w[k] -= log_lr[k].exp() * g[k];
+            }
+        }
+        loss(&w, valid.clone())
+    };
+    let mut log_lr = vec![0.1f64.ln(); n];
+    let mut want = Vec::new();
+    for _ in 0..3 {
+        want.push(validation(&log_lr));
+        let h = 1e-5;
+        let grad: Vec<f64> = (0..n)
+            .map(|k| {
+                let (mut up, mut down) = (log_lr.clone(), log_lr.clone());
+                up[k] += h;
+                down[k] -= h;
+                (validation(&up) - validation(&down)) / (2.0 * h)
+            })
+            .collect();
+        for k in 0..n {
+            log_lr[k] -= 20.0 * grad[k];
+        }
+    }
+    let got: Vec<f64> = got.rows.iter().map(|r| r[1]).collect();
+    assert_eq!(got.len(), 3, "{out}");
+    for (got, want) in got.iter().zip(&want) {
+        assert!(
+            (got - want).abs() <= 1e-7 * want.abs(),
+            "SQL {got}, Rust {want}"
+        );
+    }
+    assert!(want[2] < 0.85 * want[0], "{want:?}");
+}

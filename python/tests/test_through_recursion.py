@@ -368,17 +368,20 @@ def test_hypergradient_of_a_tensor_network_trained_over_a_data_table_matches_jax
 
 
 @pytest.mark.parametrize("variable", ["w0", "lr"])
-def test_meta_gradient_of_a_training_loop_matches_jax(variable):
+@pytest.mark.parametrize("hidden, mode", [(2, "auto"), (2, "reverse"), (6, "auto")])
+def test_meta_gradient_of_a_training_loop_matches_jax(variable, hidden, mode):
     # 12 steps of w <- w - lr * avg(grad(loss, w)) over a data table, with w
-    # a 2x3 matrix of a tanh network and lr a per-parameter learning rate (a
-    # matrix too); the gradient of the validation loss after the loop with
-    # respect to the initial weights, or to the learning rates (issue 48:
-    # 6 elements, so `auto` takes forward mode through the aggregating step).
+    # a (hidden)x3 matrix of a tanh network and lr a per-parameter learning
+    # rate (a matrix too); the gradient of the validation loss after the
+    # loop with respect to the initial weights, or to the learning rates
+    # (issue 48). 6 elements: `auto` takes forward mode through the
+    # aggregating step, `reverse` the backward recursion; 18 elements:
+    # `auto` takes reverse mode.
     n, steps = 25, 12
     xs, vxs = RNG.normal(size=(n, 3)), RNG.normal(size=(10, 3))
     ys, vys = np.sin(xs @ [1.0, -0.5, 0.3]), np.sin(vxs @ [1.0, -0.5, 0.3])
-    w0 = 0.5 * RNG.normal(size=(2, 3))
-    lr0 = 0.2 + 0.3 * RNG.random(size=(2, 3))
+    w0 = 0.5 * RNG.normal(size=(hidden, 3))
+    lr0 = 0.2 + 0.3 * RNG.random(size=(hidden, 3))
 
     def loss(w, x, y):
         return jnp.mean((jnp.sum(jnp.tanh(jnp.asarray(x) @ w.T), axis=1) - jnp.asarray(y)) ** 2)
@@ -393,6 +396,7 @@ def test_meta_gradient_of_a_training_loop_matches_jax(variable):
         jnp.asarray(w0), jnp.asarray(lr0)
     )
     ctx = dg.SessionContext()
+    ctx.sql(f"SET datafusion_grad.recursion_mode = '{mode}'").collect()
     for name, (x, y) in {"tr": (xs, ys), "va": (vxs, vys)}.items():
         rows = " UNION ALL ".join(
             f"SELECT {tensor_literal(a)} AS x, {num(b)} AS y" for a, b in zip(x, y)
@@ -414,6 +418,104 @@ def test_meta_gradient_of_a_training_loop_matches_jax(variable):
         """,
     )
     assert np.asarray(got["g"]) == pytest.approx(np.asarray(want), rel=1e-8, abs=1e-12)
+
+
+def test_gradients_at_several_iterations_of_a_training_loop_match_jax():
+    # Reverse mode through an aggregating step, the derivative asked for at
+    # some rows of a SELECT list (each its own backward pass) and summed
+    # over rows of several iterations in an aggregate (one pass from each).
+    n, steps = 20, 9
+    xs = RNG.normal(size=(n, 5))
+    ys = np.tanh(xs @ [0.5, -1.0, 0.25, 0.0, 1.0])
+    w0 = 0.3 * RNG.normal(size=5)
+
+    def run(w0, k):
+        def step(_, w):
+            return w - 0.4 * jax.grad(
+                lambda w: jnp.mean((jnp.tanh(jnp.asarray(xs) @ w) - jnp.asarray(ys)) ** 2)
+            )(w)
+
+        return jax.lax.fori_loop(0, k, step, w0)
+
+    def want(k):
+        return np.asarray(jax.grad(lambda w: jnp.sum(run(w, k) ** 3))(jnp.asarray(w0)))
+
+    ctx = dg.SessionContext()
+    ctx.sql("SET datafusion_grad.recursion_mode = 'reverse'").collect()
+    rows = " UNION ALL ".join(f"SELECT {tensor_literal(a)} AS x, {num(b)} AS y" for a, b in zip(xs, ys))
+    ctx.sql(f"CREATE TABLE d AS {rows}").collect()
+    loop = f"""
+        WITH RECURSIVE train(step, w, w0) AS (
+          SELECT 0, w0 AS w, w0 FROM (SELECT {tensor_literal(w0)} AS w0) i
+          UNION ALL
+          SELECT step + 1, tensor_sub(w, scale(tensor_avg(grad(power(tanh(dot(w, x)) - y, 2), w)), 0.4)), w0
+          FROM train CROSS JOIN d WHERE step < {steps} GROUP BY step, w, w0)"""
+    f = "grad(tensor_total(tensor_mul(tensor_mul(w, w), w)), w0)"
+    got = ctx.sql(f"{loop} SELECT step, {f} AS g FROM train WHERE step IN (0, 4, {steps}) ORDER BY step").to_pylist()
+    assert [r["step"] for r in got] == [0, 4, steps]
+    for r in got:
+        assert np.asarray(r["g"]) == pytest.approx(want(r["step"]), rel=1e-9, abs=1e-12)
+    total = one_row(ctx, f"{loop} SELECT tensor_sum({f}) AS g FROM train WHERE step >= 7")
+    assert np.asarray(total["g"]) == pytest.approx(
+        sum(want(k) for k in range(7, steps + 1)), rel=1e-9, abs=1e-12
+    )
+
+
+def test_meta_gradient_of_a_network_matches_jax():
+    # Issue 48, 3: a tanh/softmax network (w1 3x4, b1, w2 4x3, b2) trained
+    # by one grad(cross_entropy(...), w1, b1, w2, b2) per batch, averaged
+    # over two batches, 6 steps; the gradient of the held-out batch's loss
+    # with respect to the initial first layer, in reverse mode.
+    batches, n, d, h, c, steps, lr = 2, 8, 3, 4, 3, 6, 0.5
+    x = np.round(RNG.uniform(-1, 1, (batches + 1, n, d)), 3)
+    y = (np.arange((batches + 1) * n) % c).reshape(batches + 1, n).astype(float)
+    w1, w2 = RNG.uniform(-0.5, 0.5, (d, h)), RNG.uniform(-0.5, 0.5, (h, c))
+
+    def model(p, x):
+        return jnp.tanh(x @ p[0] + p[1]) @ p[2] + p[3]
+
+    def loss(p, b):
+        logits = model(p, jnp.asarray(x[b]))
+        lse = jax.scipy.special.logsumexp(logits, axis=1)
+        return jnp.mean(lse - logits[jnp.arange(n), y[b].astype(int)])
+
+    def held_out(w1_0):
+        p = (w1_0, jnp.zeros(h), jnp.asarray(w2), jnp.zeros(c))
+        for _ in range(steps):
+            g = [jax.grad(loss)(p, b) for b in range(batches)]
+            p = tuple(pk - lr * sum(gb[k] for gb in g) / batches for k, pk in enumerate(p))
+        return loss(p, batches)
+
+    want = np.asarray(jax.grad(held_out)(jnp.asarray(w1)))
+    ctx = dg.SessionContext()
+    ctx.sql("SET datafusion_grad.recursion_mode = 'reverse'").collect()
+    rows = " UNION ALL ".join(
+        f"SELECT {b} AS batch, {matrix_literal(x[b])} AS x, {tensor_literal(y[b])} AS y"
+        for b in range(batches + 1)
+    )
+    ctx.sql(f"CREATE TABLE batches AS {rows}").collect()
+    logits = "tensor_add(matmul(tensor_tanh(tensor_add(matmul(x, w1), b1)), w2), b2)"
+    got = one_row(
+        ctx,
+        f"""
+        WITH RECURSIVE train(step, w1, b1, w2, b2, w1_0) AS (
+          SELECT 0, w1_0 AS w1, {tensor_literal(np.zeros(h))}, {matrix_literal(w2)},
+                 {tensor_literal(np.zeros(c))}, w1_0
+          FROM (SELECT {matrix_literal(w1)} AS w1_0) i
+          UNION ALL
+          SELECT step + 1,
+                 tensor_sub(w1, scale(tensor_avg(g['w1']), {lr})),
+                 tensor_sub(b1, scale(tensor_avg(g['b1']), {lr})),
+                 tensor_sub(w2, scale(tensor_avg(g['w2']), {lr})),
+                 tensor_sub(b2, scale(tensor_avg(g['b2']), {lr})), w1_0
+          FROM (SELECT step, w1, b1, w2, b2, w1_0, grad(cross_entropy({logits}, y), w1, b1, w2, b2) AS g
+                FROM train CROSS JOIN batches WHERE step < {steps} AND batch < {batches})
+          GROUP BY step, w1, b1, w2, b2, w1_0)
+        SELECT grad(cross_entropy({logits}, y), w1_0) AS g
+        FROM train CROSS JOIN batches WHERE step = {steps} AND batch = {batches}
+        """,
+    )
+    assert np.asarray(got["g"]) == pytest.approx(want, rel=1e-9, abs=1e-12)
 
 
 def test_data_dependent_stop_in_reverse_mode_matches_jax():

@@ -56,11 +56,11 @@ use datafusion::common::{internal_err, Column, DFSchema, NullEquality, ScalarVal
 use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::{avg, count, sum};
-use datafusion::functions_window::expr_fn::row_number;
+use datafusion::functions_window::expr_fn::{dense_rank, row_number};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    cast, lit, Aggregate, Expr, Join, JoinConstraint, JoinType, LogicalPlan,
+    cast, lit, Aggregate, Expr, ExprFunctionExt, Join, JoinConstraint, JoinType, LogicalPlan,
     LogicalPlanBuilder, Projection, RecursiveQuery, ScalarUDF, SubqueryAlias, TableScanBuilder,
 };
 use datafusion::optimizer::AnalyzerRule;
@@ -75,8 +75,9 @@ use crate::plan::lineage::{origin_of, Scope};
 use crate::plan::shared::{share, unshared};
 use crate::plan::{columns, unalias};
 use crate::reserved::{
-    adjoint_column, aggregate_column, backward_cte, contribution_column, count_column,
-    key_column, previous_aggregate_column, reverse_column, FORWARD, ITERATION_COLUMN, ROW_COLUMN, TRAJECTORY_COLUMN,
+    adjoint_column, aggregate_column, backward_cte, contribution_column, count_column, key_column,
+    previous_aggregate_column, reverse_column, FORWARD, ITERATION_COLUMN, ROW_COLUMN,
+    TRAJECTORY_COLUMN,
 };
 use crate::tensor::{self, batch, Shape};
 
@@ -378,15 +379,10 @@ pub(super) fn reverse(
             .iter()
             .map(|&c| {
                 let name = adjoint_column(c);
-                total_of(Expr::Column(Column::new_unqualified(&name)), state.field(c))
-                    .alias(name)
+                total_of(Expr::Column(Column::new_unqualified(&name)), state.field(c)).alias(name)
             })
             .collect();
-        let first = LogicalPlan::Aggregate(Aggregate::try_new(
-            Arc::new(seeds),
-            group,
-            sums_of,
-        )?);
+        let first = LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(seeds), group, sums_of)?);
         let back = transpose.backward(k, first, &fwd)?;
 
         // The derivative per key: the cotangents at iteration 0 of the
@@ -592,7 +588,9 @@ impl<'r> Transpose<'r> {
                     let i = a.schema.index_of_column(&c)?;
                     Ok(Transformed::yes(match i < groups {
                         true => state_column(state, step.columns[i]),
-                        false => Expr::Column(Column::new_unqualified(aggregate_column(i - groups))),
+                        false => {
+                            Expr::Column(Column::new_unqualified(aggregate_column(i - groups)))
+                        }
                     }))
                 }
                 e => Ok(Transformed::no(e)),
@@ -677,16 +675,17 @@ impl<'r> Transpose<'r> {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        let fwd = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
-            Arc::new(fwd.clone()),
-            FORWARD,
-        )?);
+        let fwd =
+            LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(Arc::new(fwd.clone()), FORWARD)?);
         let col = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
         let joined = LogicalPlan::Join(Join::try_new(
             Arc::new(back),
             Arc::new(fwd),
             vec![
-                (col(&name, TRAJECTORY_COLUMN), col(FORWARD, TRAJECTORY_COLUMN)),
+                (
+                    col(&name, TRAJECTORY_COLUMN),
+                    col(FORWARD, TRAJECTORY_COLUMN),
+                ),
                 (
                     col(&name, ITERATION_COLUMN) - lit(1i64),
                     col(FORWARD, ITERATION_COLUMN),
@@ -734,13 +733,12 @@ impl<'r> Transpose<'r> {
             old.table_name.clone(),
         )?);
         let a = self.step.aggregate;
-        let rows = carry(&a.input, scan, &replacement, carried.clone())?
-            .expect("the work table is read");
+        let rows =
+            carry(&a.input, scan, &replacement, carried.clone())?.expect("the work table is read");
 
         // Each aggregate's contribution to each adjoint:
         // AGG_j(vjp(h_j, s_c, ḡ_j)) over the same rows.
-        let state_in_rows =
-            |c: usize| -> Expr { a.group_expr[self.step.keys[c]].clone() };
+        let state_in_rows = |c: usize| -> Expr { a.group_expr[self.step.keys[c]].clone() };
         let in_rows = |e: &Expr| -> Result<Expr> {
             Ok(e.clone()
                 .transform_up(|e| match e {
@@ -748,7 +746,9 @@ impl<'r> Transpose<'r> {
                         if let Ok(i) = self.state.index_of_column(&c) {
                             return Ok(Transformed::yes(unalias(&state_in_rows(i)).clone()));
                         }
-                        Ok(Transformed::yes(Expr::Column(column_named(&rows, &c.name)?)))
+                        Ok(Transformed::yes(Expr::Column(column_named(
+                            &rows, &c.name,
+                        )?)))
                     }
                     e => Ok(Transformed::no(e)),
                 })?
@@ -780,11 +780,8 @@ impl<'r> Transpose<'r> {
                 sums_into[i].push(name);
             }
         }
-        let aggregated = LogicalPlan::Aggregate(Aggregate::try_new(
-            Arc::new(rows),
-            group,
-            contributions,
-        )?);
+        let aggregated =
+            LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(rows), group, contributions)?);
         let out = |n: &str| column_named(&aggregated, n).map(Expr::Column);
         let mut exprs: Vec<Expr> = Vec::new();
         // The keys and the trajectory as they are, the iteration before
@@ -834,16 +831,22 @@ impl<'r> Transpose<'r> {
 }
 
 /// `r` (whose recursive term is the aggregating `step`) with each row's
-/// iteration (0, then one more each step), first row (its number: the
-/// trajectory it belongs to) and the values of the step's aggregates that
+/// iteration (0, then one more each step), first row (its rank among the
+/// distinct first rows: the trajectory it belongs to) and the values of the step's aggregates that
 /// made it (NULL in the first row) after its own columns.
 fn with_history(r: &RecursiveQuery, step: &AggregatingStep) -> Result<LogicalPlan> {
+    // Equal first rows are one trajectory, as the step's GROUP BY merges
+    // them after the first iteration.
     let term = r.static_term.as_ref().clone();
+    let order = columns(&term)
+        .into_iter()
+        .map(|c| c.sort(true, true))
+        .collect();
     let windowed = LogicalPlanBuilder::from(term)
-        .window(vec![row_number()])?
+        .window(vec![dense_rank().order_by(order).build()?])?
         .build()?;
     let mut exprs = columns(&windowed);
-    let numbered = exprs.pop().expect("the row number");
+    let numbered = exprs.pop().expect("the first row's rank");
     exprs.push(lit(0i64).alias(ITERATION_COLUMN));
     exprs.push(numbered.alias(TRAJECTORY_COLUMN));
     let a = step.aggregate;
@@ -917,7 +920,8 @@ fn tensor_aggregate(name: &str, e: Expr) -> Expr {
 /// The zero of a differentiable column's type `t`.
 fn zero(t: &DataType) -> Result<Expr> {
     let shape = Shape::of(t).expect("a float or float tensor");
-    let value = ScalarValue::try_from_array(&batch::build(shape, vec![0.0; shape.size()], None), 0)?;
+    let value =
+        ScalarValue::try_from_array(&batch::build(shape, vec![0.0; shape.size()], None), 0)?;
     Ok(Expr::Literal(value, None))
 }
 

@@ -440,7 +440,9 @@ fn inline_step(path: &[&LogicalPlan], state: &DFSchema) -> Result<Vec<Expr>> {
             LogicalPlan::Projection(p) => below(exprs, &|i| unalias(&p.expr[i]).clone())?,
             LogicalPlan::SubqueryAlias(a) => {
                 let inner = a.input.schema();
-                below(exprs, &|i| Expr::Column(Column::from(inner.qualified_field(i))))?
+                below(exprs, &|i| {
+                    Expr::Column(Column::from(inner.qualified_field(i)))
+                })?
             }
             LogicalPlan::TableScan(_) => below(exprs, &|i| {
                 Expr::Column(Column::new_unqualified(state.field(i).name()))
