@@ -219,6 +219,29 @@ def test_meta_gradient_through_a_training_loop_in_the_stock_session(ctx):
     assert got[0] == pytest.approx(want, rel=1e-9, abs=1e-15)
 
 
+def test_reverse_mode_through_an_aggregating_loop_in_the_stock_session(ctx):
+    # issue 48: 20 weights (more than forward mode carries), so `auto` takes
+    # the backward recursive query through the aggregating step; w <- w (1 -
+    # 0.1 avg(y)) three times, so d|w_3|^2/dw0 = 2 (1 - 0.1 avg(y))^6 w0.
+    ys = [math.sin(v * 0.37) for v in range(1, 31)]
+    ctx.sql(
+        "CREATE TABLE tr AS SELECT sin(value * 0.37) AS y FROM generate_series(1, 30)"
+    ).collect()
+    out = ctx.sql(
+        """
+        WITH RECURSIVE train(step, w, w0) AS (
+          SELECT 0, w0 AS w, w0 FROM (SELECT random_tensor(5, 20) AS w0) i
+          UNION ALL
+          SELECT step + 1, tensor_sub(w, scale(w, 0.1 * avg(y))), w0
+          FROM train CROSS JOIN tr WHERE step < 3 GROUP BY step, w, w0)
+        SELECT w0, grad(tensor_total(tensor_mul(w, w)), w0) AS g FROM train WHERE step = 3
+        """
+    ).to_pydict()
+    factor = 2 * (1 - 0.1 * sum(ys) / len(ys)) ** 6
+    assert len(out["g"]) == 1
+    assert out["g"][0] == pytest.approx([factor * v for v in out["w0"][0]], rel=1e-12)
+
+
 def test_first_row_from_the_callers_table(ctx):
     # issue 48 (5): the first row built from a column of the caller's table
     # and the variable; d/ds of |w_5|^2 (jax.grad: 13.478965302991233)

@@ -55,6 +55,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{internal_err, Column, DFSchema, NullEquality, ScalarValue};
 use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::error::Result;
+use datafusion::functions::core::expr_fn::get_field;
 use datafusion::functions_aggregate::expr_fn::{avg, count, sum};
 use datafusion::functions_window::expr_fn::{dense_rank, row_number};
 use datafusion::logical_expr::expr::AggregateFunction;
@@ -766,11 +767,24 @@ impl<'r> Transpose<'r> {
             let Some(through) = &self.through[j] else {
                 continue;
             };
+            // One vector-Jacobian product with respect to every column (a
+            // struct of them where there are several): one reverse sweep.
             let cotangent = in_rows(through)?;
+            let ws: Vec<Expr> = self
+                .differentiable
+                .iter()
+                .map(|&c| unalias(&state_in_rows(c)).clone())
+                .collect();
+            let mut args = vec![(*h).clone(), ws[0].clone(), cotangent];
+            args.extend(ws[1..].iter().cloned());
+            let vjps = vjp.call(args);
             for (i, &c) in self.differentiable.iter().enumerate() {
                 let field = self.state.field(c);
-                let w = unalias(&state_in_rows(c)).clone();
-                let pulled = vjp.call(vec![(*h).clone(), w, cotangent.clone()]);
+                let pulled = match (&ws[..], &ws[i]) {
+                    ([_], _) => vjps.clone(),
+                    (_, Expr::Column(w)) => get_field(vjps.clone(), w.name.as_str()),
+                    _ => unreachable!("a group key of the step is a column"),
+                };
                 let name = contribution_column(j, c);
                 let summed = match sums {
                     Sums::Mean => mean_of(pulled, field),
