@@ -67,14 +67,16 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::AnalyzerRule;
 
 use super::recursion::{carry, column_named, term_with_columns, Found};
-use super::reverse_recursion::{add, copies_of, is_differentiable, reads_the_cte_directly};
+use super::reverse_recursion::{
+    add, copies_of, is_differentiable, pairing, reads_the_cte_directly,
+};
 use super::GradAnalyzer;
 use crate::engine::call::{as_marker, Marker, MarkerKind};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{origin_of, Scope};
 use crate::plan::shared::{share, unshared};
-use crate::plan::{columns, unalias};
+use crate::plan::{columns, left_join_by_identity, unalias};
 use crate::reserved::{
     adjoint_column, aggregate_column, backward_cte, contribution_column, count_column, key_column,
     previous_aggregate_column, reverse_column, FORWARD, ITERATION_COLUMN, ROW_COLUMN,
@@ -150,28 +152,39 @@ impl<'r> AggregatingStep<'r> {
     /// The `j`-th aggregate's argument and how it sums, refused where it
     /// is not one the backward step transposes.
     fn aggregate(&self, j: usize, name: &str) -> Result<(&'r Expr, Sums)> {
-        let e = unalias(&self.aggregate.aggr_expr[j]);
-        if let Expr::AggregateFunction(AggregateFunction { func, params }) = e {
-            let sums = match func.name() {
-                "sum" | "tensor_sum" => Some(Sums::Total),
-                "avg" | "tensor_avg" => Some(Sums::Mean),
-                "count" => Some(Sums::Count),
-                _ => None,
-            };
-            if let (Some(sums), [arg]) = (sums, &params.args[..]) {
-                if !params.distinct && params.filter.is_none() && params.order_by.is_empty() {
-                    return Ok((arg, sums));
-                }
-            }
-        }
-        fail(
-            ErrorKind::NeedsPlanContext,
-            format!(
-                "derivatives through the recursive CTE `{name}` in reverse mode: its step \
-                 aggregates with `{e}`; reverse mode transposes sum, avg, tensor_sum and \
-                 tensor_avg (and count), without FILTER, DISTINCT or ORDER BY"
+        let e = &self.aggregate.aggr_expr[j];
+        match sums_of(e) {
+            Some((sums, arg)) => Ok((arg, sums)),
+            None => fail(
+                ErrorKind::NeedsPlanContext,
+                format!(
+                    "derivatives through the recursive CTE `{name}` in reverse mode: its step \
+                     aggregates with `{}`; reverse mode transposes sum, avg, tensor_sum and \
+                     tensor_avg (and count), without FILTER, DISTINCT or ORDER BY",
+                    unalias(e)
+                ),
             ),
-        )
+        }
+    }
+}
+
+/// How the aggregate `e` sums its one argument, and the argument; `None`
+/// for another aggregate, or one with `FILTER`, `DISTINCT` or `ORDER BY`.
+fn sums_of(e: &Expr) -> Option<(Sums, &Expr)> {
+    let Expr::AggregateFunction(AggregateFunction { func, params }) = unalias(e) else {
+        return None;
+    };
+    let sums = match func.name() {
+        "sum" | "tensor_sum" => Sums::Total,
+        "avg" | "tensor_avg" => Sums::Mean,
+        "count" => Sums::Count,
+        _ => return None,
+    };
+    match &params.args[..] {
+        [arg] if !params.distinct && params.filter.is_none() && params.order_by.is_empty() => {
+            Some((sums, arg))
+        }
+        _ => None,
     }
 }
 
@@ -259,26 +272,10 @@ pub(super) fn reverse(
 
     // Each marker: its backward recursion and the derivative per key.
     let mut derivatives: Vec<(Expr, LogicalPlan, Sums)> = Vec::new();
-    let aggregated = |e: &Expr| -> Option<(Sums, Expr)> {
-        let Expr::AggregateFunction(AggregateFunction { func, params }) = unalias(e) else {
-            return None;
-        };
-        let sums = match func.name() {
-            "sum" | "tensor_sum" => Sums::Total,
-            "avg" | "tensor_avg" => Sums::Mean,
-            _ => return None,
-        };
-        match (&params.args[..], &params.filter, params.distinct) {
-            ([arg], None, false) if params.order_by.is_empty() && as_marker(arg).is_some() => {
-                Some((sums, arg.clone()))
-            }
-            _ => None,
-        }
-    };
     let rules = found.rules.read().expect("rule table lock").clone();
     let mut markers: Vec<(Expr, Sums)> = Vec::new();
+    let in_aggregate = matches!(node, LogicalPlan::Aggregate(_));
     for e in node.expressions() {
-        let in_aggregate = matches!(node, LogicalPlan::Aggregate(_));
         e.apply(|x| {
             let Some(call) = as_marker(x) else {
                 return Ok(TreeNodeRecursion::Continue);
@@ -287,8 +284,8 @@ pub(super) fn reverse(
                 return Ok(TreeNodeRecursion::Jump);
             }
             let sums = match in_aggregate {
-                true => match aggregated(&e) {
-                    Some((sums, m)) if m == *x => sums,
+                true => match sums_of(&e) {
+                    Some((sums, m)) if sums != Sums::Count && m == x => sums,
                     _ => {
                         return fail(
                             ErrorKind::NeedsPlanContext,
@@ -439,16 +436,7 @@ fn finish(
             .collect();
         match on.is_empty() {
             true => LogicalPlanBuilder::from(plan).cross_join(result)?.build(),
-            false => Ok(LogicalPlan::Join(Join::try_new(
-                Arc::new(plan),
-                Arc::new(result),
-                on,
-                None,
-                JoinType::Left,
-                JoinConstraint::On,
-                NullEquality::NullEqualsNull,
-                false,
-            )?)),
+            false => left_join_by_identity(plan, result, on),
         }
     };
     let value = |result: &LogicalPlan| {
@@ -613,27 +601,11 @@ impl<'r> Transpose<'r> {
                 differentiable_aggregates.push(j);
             }
         }
-        let mut pairing: Option<Expr> = None;
-        for &c in differentiable {
-            let name = adjoint_column(c);
-            fields.push(Field::new(&name, state.field(c).data_type().clone(), true));
-            let lambda = Expr::Column(Column::new_unqualified(name));
-            let term = match state.field(c).data_type() {
-                DataType::Float64 => lambda * updates[c].clone(),
-                _ => tensor::call(
-                    "tensor_total",
-                    vec![tensor::call("tensor_mul", vec![lambda, updates[c].clone()])],
-                ),
-            };
-            pairing = Some(match pairing {
-                Some(p) => p + term,
-                None => term,
-            });
-        }
+        let pairing = pairing(state, differentiable, &updates, &mut fields);
         let schema = DFSchema::from_unqualified_fields(fields.into(), Default::default())?;
         let rules = Arc::clone(&found.rules);
         let gradient = differentiate(
-            &pairing.expect("a differentiable column: the variable's"),
+            &pairing,
             &wrt,
             Seed::Grad,
             &schema,

@@ -227,23 +227,7 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
     // with respect to the previous row's differentiable columns.
     let mut adjoint_fields: Vec<Field> =
         state.fields().iter().map(|f| f.as_ref().clone()).collect();
-    let mut pairing: Option<Expr> = None;
-    for &c in &differentiable {
-        let name = adjoint_column(c);
-        adjoint_fields.push(Field::new(&name, state.field(c).data_type().clone(), true));
-        let lambda = Expr::Column(Column::new_unqualified(name));
-        let term = match state.field(c).data_type() {
-            DataType::Float64 => lambda * updates[c].clone(),
-            _ => tensor::call(
-                "tensor_total",
-                vec![tensor::call("tensor_mul", vec![lambda, updates[c].clone()])],
-            ),
-        };
-        pairing = Some(match pairing {
-            Some(p) => p + term,
-            None => term,
-        });
-    }
+    let pairing = pairing(&state, &differentiable, &updates, &mut adjoint_fields);
     let adjoint_schema = Arc::new(DFSchema::from_unqualified_fields(
         adjoint_fields.into(),
         Default::default(),
@@ -252,14 +236,7 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
         .iter()
         .map(|&c| Column::new_unqualified(state.field(c).name()))
         .collect();
-    let adjoints = differentiate(
-        &pairing.expect("a differentiable column: the variable's"),
-        &wrt,
-        Seed::Grad,
-        &adjoint_schema,
-        &rules,
-    )?
-    .exprs;
+    let adjoints = differentiate(&pairing, &wrt, Seed::Grad, &adjoint_schema, &rules)?.exprs;
     let step = Arc::new(LoopStep {
         name: r.name.clone(),
         state: Arc::clone(&state),
@@ -393,6 +370,36 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
         exprs.push(saved.restore(e));
     }
     node.with_new_exprs(exprs, vec![adjoint])
+}
+
+/// `Σ_c ⟨λ_c, u_c⟩` over the `differentiable` columns `c` of `state`:
+/// `λ_c` the adjoint column of `c` (its field pushed to `fields`), `u_c`
+/// its update. A step's vector-Jacobian product is this pairing's
+/// gradient.
+pub(super) fn pairing(
+    state: &DFSchema,
+    differentiable: &[usize],
+    updates: &[Expr],
+    fields: &mut Vec<Field>,
+) -> Expr {
+    let mut pairing: Option<Expr> = None;
+    for &c in differentiable {
+        let name = adjoint_column(c);
+        fields.push(Field::new(&name, state.field(c).data_type().clone(), true));
+        let lambda = Expr::Column(Column::new_unqualified(name));
+        let term = match state.field(c).data_type() {
+            DataType::Float64 => lambda * updates[c].clone(),
+            _ => tensor::call(
+                "tensor_total",
+                vec![tensor::call("tensor_mul", vec![lambda, updates[c].clone()])],
+            ),
+        };
+        pairing = Some(match pairing {
+            Some(p) => p + term,
+            None => term,
+        });
+    }
+    pairing.expect("a differentiable column: the variable's")
 }
 
 /// Floats and float tensors (vectors, matrices): the columns that carry a
