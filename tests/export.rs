@@ -609,4 +609,17 @@ async fn derivatives_through_recursion_export_their_tangent_columns() {
         ErrorKind::Unexportable,
         "exported where its steps do not aggregate",
     );
+    // reverse mode through a loop that aggregates (20 weights: `auto` takes
+    // it): the backward recursive query is not printed
+    let reverse = "WITH RECURSIVE train(step, w, w0) AS (\
+                   SELECT 0, w0 AS w, w0 FROM (SELECT random_tensor(5, 20) AS w0) i UNION ALL \
+                   SELECT step + 1, tensor_sub(w, scale(w, 0.1 * avg(d.y))), w0 \
+                   FROM train CROSS JOIN (VALUES (1.0), (2.0)) AS d(y) WHERE step < 3 \
+                   GROUP BY step, w, w0) \
+                   SELECT grad(tensor_total(tensor_mul(w, w)), w0) FROM train WHERE step = 3";
+    assert_refused(
+        rewrite_sql(&grad_ctx, reverse, SqlDialect::DataFusion).await,
+        ErrorKind::Unexportable,
+        "cannot export this statement as SQL text",
+    );
 }
