@@ -68,7 +68,7 @@ use datafusion::optimizer::AnalyzerRule;
 
 use super::recursion::{carry, column_named, term_with_columns, Found};
 use super::reverse_recursion::{
-    add, copies_of, is_differentiable, pairing, reads_the_cte_directly,
+    add, copies_of, is_differentiable, one_variable, pairing, reads_the_cte_directly,
 };
 use super::GradAnalyzer;
 use crate::engine::call::{as_marker, Marker, MarkerKind};
@@ -308,18 +308,7 @@ pub(super) fn reverse(
     for (k, (marker, sums)) in markers.iter().enumerate() {
         let call = as_marker(marker).expect("a marker");
         let vars = found.of(&call.wrt_columns()).expect("through the CTE");
-        let [j] = vars[..] else {
-            return fail(
-                ErrorKind::NeedsPlanContext,
-                format!(
-                    "{}: several variables carried through the recursive CTE `{}` in one \
-                     call; take one derivative per variable (e.g. grad(f, a), grad(f, x0))",
-                    call.kind().name(),
-                    r.name
-                ),
-            );
-        };
-        let v = found.variables[j];
+        let v = one_variable(&call, &vars, found, &r.name)?;
         let seed = match call.kind() {
             MarkerKind::Grad => Seed::Grad,
             MarkerKind::Vjp => Seed::Vjp(call.args[2].clone()),

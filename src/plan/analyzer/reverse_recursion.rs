@@ -46,7 +46,7 @@ use datafusion::logical_expr::{
 
 use super::backward_recursion::{self, AggregatingStep};
 use super::recursion::{carry, column_named, term_with_columns, Found, MAX_DIRECTIONS};
-use crate::engine::call::{as_marker, has_marker, MarkerKind};
+use crate::engine::call::{as_marker, has_marker, MarkerCall, MarkerKind};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::options::RecursionMode;
@@ -275,18 +275,7 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
             let Some(vars) = found.of(&call.wrt_columns()) else {
                 return Ok(TreeNodeRecursion::Continue);
             };
-            let [j] = vars[..] else {
-                return fail(
-                    ErrorKind::NeedsPlanContext,
-                    format!(
-                        "{}: several variables carried through the recursive CTE `{}` in one \
-                         call; take one derivative per variable (e.g. grad(f, a), grad(f, x0))",
-                        call.kind().name(),
-                        r.name
-                    ),
-                );
-            };
-            let v = found.variables[j];
+            let v = one_variable(&call, &vars, found, &r.name)?;
             // A derived column of the CTE's values in `f` is written out
             // over them (projections above the CTE pass them on).
             let columns: Vec<Column> = visible.iter().map(|(c, _)| c.clone()).collect();
@@ -400,6 +389,27 @@ pub(super) fn pairing(
         });
     }
     pairing.expect("a differentiable column: the variable's")
+}
+
+/// The CTE's column that is the one variable (`vars`: its tangent sets)
+/// of a marker `call` taken in reverse mode; several are refused.
+pub(super) fn one_variable(
+    call: &MarkerCall,
+    vars: &[usize],
+    found: &Found,
+    name: &str,
+) -> Result<usize> {
+    match vars {
+        [j] => Ok(found.variables[*j]),
+        _ => fail(
+            ErrorKind::NeedsPlanContext,
+            format!(
+                "{}: several variables carried through the recursive CTE `{name}` in one \
+                 call; take one derivative per variable (e.g. grad(f, a), grad(f, x0))",
+                call.kind().name()
+            ),
+        ),
+    }
 }
 
 /// Floats and float tensors (vectors, matrices): the columns that carry a
