@@ -20,6 +20,11 @@ Cases (each a recursive query; the timed statement returns one row):
     respect to the initial weights in each mode (forward: 8 tangents
     through every step; reverse: the backward recursive query). The
     issue's target is <= 4x the loop in reverse mode.
+  * `valuation N T`: the same loop over an N-row table with a weight per
+    row, w <- w - 0.5 sum(wt grad) / sum(wt) (issue 48, case 4); `loop`
+    selects the validation loss, `reverse` the derivative of that loss with
+    respect to every row's weight (relational reverse mode through the
+    loop), summed with the count of rows so that one row comes back.
 
 The time of a statement is the `Elapsed` line dfgrad prints for it
 (planning + execution). Variants alternate within one process (ABBA order)
@@ -105,6 +110,20 @@ def default_dfgrad():
     return os.environ.get("DFGRAD", os.path.join(target, "release", "dfgrad"))
 
 
+VALUATION = """WITH RECURSIVE train(step, w) AS (
+  SELECT 0, scale(random_tensor(3, 8), 0.3)
+  UNION ALL
+  SELECT step + 1, tensor_sub(w, scale(tensor_sum(scale(grad(power(tanh(dot(w, x)) - y, 2), w), wt)), 0.5 / sum(wt)))
+  FROM train CROSS JOIN trw WHERE step < {t} GROUP BY step, w),
+loss AS (SELECT avg(power(tanh(dot(w, va.x)) - va.y, 2)) AS loss FROM train CROSS JOIN va WHERE step = {t})
+{select};"""
+
+VALUATION_SELECTS = {
+    "loop": "SELECT loss FROM loss",
+    "reverse": "SELECT count(*), sum(g) FROM (SELECT grad((SELECT loss FROM loss), trw.wt) AS g FROM trw) s",
+}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dfgrad", default=default_dfgrad())
@@ -143,6 +162,14 @@ def main():
             cases.append((case, "loop", META.format(t=t, select=META_LOSS)))
             cases.append((case, "forward", FORWARD.format(sql=META.format(t=t, select=gradient))))
             cases.append((case, "reverse", REVERSE.format(sql=META.format(t=t, select=gradient))))
+        setup.append(
+            f"CREATE OR REPLACE TABLE trw AS SELECT row_number() OVER () AS i, x, y, "
+            f"1.0 + 0.5 * sin(row_number() OVER () * 0.3) AS wt FROM tr;"
+        )
+        for t in args.meta_steps:
+            for variant, select in VALUATION_SELECTS.items():
+                sql = VALUATION.format(t=t, select=select)
+                cases.append((f"valuation N={n} T={t}", variant, sql))
     if len(args.rows) > 1:
         sys.exit("one --rows value per run (the table d is replaced)")
 

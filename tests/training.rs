@@ -727,3 +727,74 @@ fn learning_rates_through_a_training_loop_match_finite_differences() {
     }
     assert!(want[2] < 0.85 * want[0], "{want:?}");
 }
+
+/// examples/data_valuation.sql: the derivative of the validation loss after
+/// 30 steps of weighted descent with respect to each training row's weight
+/// (relational reverse mode through the loop) gives the central
+/// differences of the same descent run here, for the ten rows it ranks
+/// first, and those begin with the eight rows whose labels were flipped.
+#[test]
+fn data_valuation_through_a_training_loop_matches_finite_differences() {
+    let out = dfgrad_ok(&[
+        "--format",
+        "csv",
+        "-q",
+        "-f",
+        &example("data_valuation.sql"),
+    ]);
+    let got = Table::after_header(&out, "i,harm");
+    let x = |i: usize| {
+        let v = i as f64;
+        [(v * 0.37).sin(), (v * 0.91).cos(), (v * 1.3 + 1.0).sin()]
+    };
+    let dot = |a: &[f64; 3], b: &[f64; 3]| a.iter().zip(b).map(|(a, b)| a * b).sum::<f64>();
+    let truth = [0.8, -0.5, 0.3];
+    let train: Vec<([f64; 3], f64)> = (1..=200)
+        .map(|i| {
+            let sign = if i % 25 == 0 { -1.0 } else { 1.0 };
+            (x(i), sign * dot(&x(i), &truth).tanh())
+        })
+        .collect();
+    let valid: Vec<([f64; 3], f64)> = (201..=300)
+        .map(|i| (x(i), dot(&x(i), &truth).tanh()))
+        .collect();
+    let validation = |wt: &[f64]| {
+        let mut w = [0.0; 3];
+        let total: f64 = wt.iter().sum();
+        for _ in 0..30 {
+            let mut g = [0.0; 3];
+            for ((x, y), wt) in train.iter().zip(wt) {
+                let t = dot(&w, x).tanh();
+                let d = wt * 2.0 * (t - y) * (1.0 - t * t);
+                for k in 0..3 {
+                    g[k] += d * x[k];
+                }
+            }
+            for k in 0..3 {
+                w[k] -= 0.5 * g[k] / total;
+            }
+        }
+        valid
+            .iter()
+            .map(|(x, y)| (dot(&w, x).tanh() - y).powi(2))
+            .sum::<f64>()
+            / valid.len() as f64
+    };
+    assert_eq!(got.rows.len(), 10, "{out}");
+    let h = 1e-5;
+    for row in &got.rows {
+        let i = row[0] as usize;
+        let (mut up, mut down) = (vec![1.0; 200], vec![1.0; 200]);
+        up[i - 1] += h;
+        down[i - 1] -= h;
+        let want = (validation(&up) - validation(&down)) / (2.0 * h);
+        assert!(
+            (row[1] - want).abs() <= 1e-6 * want.abs() + 1e-12,
+            "row {i}: SQL {}, Rust {want}",
+            row[1]
+        );
+    }
+    let mut first: Vec<usize> = got.rows[..8].iter().map(|r| r[0] as usize).collect();
+    first.sort_unstable();
+    assert_eq!(first, (1..=8).map(|k| 25 * k).collect::<Vec<_>>(), "{out}");
+}

@@ -256,3 +256,42 @@ def test_first_row_from_the_callers_table(ctx):
         """
     ).to_pydict()["d"]
     assert got == pytest.approx([13.478965302991233], rel=1e-12)
+
+
+def test_value_of_each_training_row_in_the_stock_session(ctx):
+    # issue 48 (4): the derivative of the validation loss after 20 steps of
+    # weighted least squares over the caller's table with respect to each
+    # row's weight, through the loop (relational reverse mode), in
+    # grad_query: the planner path receives the session's optimized plan,
+    # whose scans of `d` were narrowed differently (a typed refusal, below).
+    # jax.grad of the unrolled loop (as sql-tests/data_valuation.slt):
+    want = [
+        -0.00017097166137302458,
+        -0.002409343276963795,
+        -0.00012503997476119634,
+        0.0009604264452518123,
+        0.00023135447687449583,
+    ]
+    ctx.from_pydict(
+        {
+            "i": [1, 2, 3, 4, 5],
+            "x": [0.5, 1.0, 1.5, 2.0, -1.0],
+            "y": [1.0, 1.8, 3.1, 4.2, -2.1],
+            "wt": [1.0, 0.5, 2.0, 1.5, 0.8],
+        },
+        name="d",
+    )
+    ctx.from_pydict({"x": [0.7, 1.2, -0.5], "y": [1.5, 2.3, -1.1]}, name="v")
+    query = """
+        WITH RECURSIVE train(step, w) AS (
+          SELECT 0, CAST(0.0 AS DOUBLE)
+          UNION ALL
+          SELECT step + 1, w - 0.1 * sum(d.wt * grad(power(w * d.x - d.y, 2), w)) / sum(d.wt)
+          FROM train CROSS JOIN d WHERE step < 20 GROUP BY step, w),
+        loss AS (SELECT avg(power(w * v.x - v.y, 2)) AS loss FROM train CROSS JOIN v WHERE step = 20)
+        SELECT d.i, grad((SELECT loss FROM loss), d.wt) AS g FROM d
+    """
+    got = ctx.sql(f"SELECT * FROM grad_query('{query}') ORDER BY i").to_pydict()["g"]
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
+    with pytest.raises(Exception, match="needs_plan_context.*scans the variable's table"):
+        ctx.sql(query).collect()

@@ -563,3 +563,60 @@ def test_progress_as_a_tqdm_bar(capsys):
     assert "recursive query" in err and "26" in err and "rows=25" in err
     with pytest.raises(ValueError, match="'tqdm' or None"):
         ctx.set_progress("bar")
+
+
+@pytest.mark.parametrize("form", ["scalar", "from"])
+@pytest.mark.parametrize("last", [1, 3])
+def test_value_of_each_training_row_through_a_training_loop_matches_jax(form, last):
+    # Relational reverse mode through a training loop: a 2x3 tanh network
+    # trained by 10 steps of weighted descent (w <- w - lr * sum(wt * grad)
+    # / sum(wt)) over 20 rows; the derivative of the validation loss with
+    # respect to every row's weight, the loss read at the last iteration or
+    # averaged over the last three (three backward passes).
+    n, steps, hidden = 20, 10, 2
+    xs, vxs = RNG.normal(size=(n, 3)), RNG.normal(size=(8, 3))
+    ys, vys = np.sin(xs @ [1.0, -0.5, 0.3]), np.sin(vxs @ [1.0, -0.5, 0.3])
+    wts = 0.5 + RNG.random(size=n)
+    w0 = 0.5 * RNG.normal(size=(hidden, 3))
+
+    def loss(w, x, y, weights):
+        err = (jnp.sum(jnp.tanh(jnp.asarray(x) @ w.T), axis=1) - jnp.asarray(y)) ** 2
+        return jnp.sum(weights * err) / jnp.sum(weights)
+
+    def valid_loss(weights):
+        w, total = jnp.asarray(w0), 0.0
+        for k in range(1, steps + 1):
+            w = w - 0.3 * jax.grad(loss)(w, xs, ys, weights)
+            if k > steps - last:
+                total = total + loss(w, vxs, vys, jnp.ones(len(vys)))
+        return total / last
+
+    want = jax.grad(valid_loss)(jnp.asarray(wts))
+    ctx = dg.SessionContext()
+    rows = " UNION ALL ".join(
+        f"SELECT {i} AS i, {tensor_literal(a)} AS x, {num(b)} AS y, {num(c)} AS wt"
+        for i, (a, b, c) in enumerate(zip(xs, ys, wts))
+    )
+    ctx.sql(f"CREATE TABLE tr AS {rows}").collect()
+    rows = " UNION ALL ".join(
+        f"SELECT {tensor_literal(a)} AS x, {num(b)} AS y" for a, b in zip(vxs, vys)
+    )
+    ctx.sql(f"CREATE TABLE va AS {rows}").collect()
+    row_loss = "power(tensor_total(tensor_tanh(matvec(w, {x}))) - {y}, 2)"
+    loop = f"""
+        WITH RECURSIVE train(step, w) AS (
+          SELECT 0, {matrix_literal(w0)}
+          UNION ALL
+          SELECT step + 1,
+                 tensor_sub(w, scale(tensor_sum(scale(grad({row_loss.format(x="tr.x", y="tr.y")}, w), tr.wt)),
+                                     0.3 / sum(tr.wt)))
+          FROM train CROSS JOIN tr WHERE step < {steps} GROUP BY step, w),
+        loss AS (SELECT avg({row_loss.format(x="va.x", y="va.y")}) AS loss
+                 FROM train CROSS JOIN va WHERE step > {steps - last})
+    """
+    query = {
+        "scalar": "SELECT i, grad((SELECT loss FROM loss), tr.wt) AS g FROM tr ORDER BY i",
+        "from": "SELECT i, wt AS g FROM grad(loss, tr.wt) ORDER BY i",
+    }[form]
+    got = [r["g"] for r in ctx.sql(loop + query).to_pylist()]
+    assert np.asarray(got) == pytest.approx(np.asarray(want), rel=1e-8, abs=1e-12)

@@ -15,6 +15,7 @@
 //! | `sum(g)` | `1` |
 //! | `avg(g)` | `1 / count(g)` |
 //! | `count(…)` | none (piecewise constant) |
+//! | `tensor_sum(g)` / `tensor_avg(g)` | `1` / `1 / count(g)`, the same at every element (a scalar scaling the group's adjoint tensor) |
 //! | `max(g)` / `min(g)` | `[g = m] / count(g = m)`, `m` the group's max / min: exact ties split evenly, as JAX does; NaN where `m` is NaN |
 //! | `var_pop(g)` / `var(g)` | `2·(g − ḡ) / n` / `2·(g − ḡ) / (n − 1)` |
 //! | `stddev_pop(g)` / `stddev(g)` | `(g − ḡ) / (n·σ)` / `(g − ḡ) / ((n − 1)·s)` |
@@ -121,6 +122,13 @@ pub const TRANSPOSE_RULES: &[(&str, TransposeRule)] = &[
         Ok(vec![Some(c.filtered(num(1.0) / n)?)])
     }),
     ("count", |c| Ok(vec![None; c.call.params.args.len()])),
+    // Elementwise, so the same partial at every element: the row's adjoint
+    // is the group's scaled.
+    ("tensor_sum", |c| Ok(vec![Some(c.filtered(num(1.0))?)])),
+    ("tensor_avg", |c| {
+        let n = count(c);
+        Ok(vec![Some(c.filtered(num(1.0) / n)?)])
+    }),
     ("max", |c| extreme(c, max_udaf())),
     ("min", |c| extreme(c, min_udaf())),
     ("var_pop", |c| spread(c, num(2.0), 0.0, None)),

@@ -52,7 +52,7 @@ pub mod shape;
 
 use std::sync::Arc;
 
-use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::expr::{AggregateFunction, ScalarFunction};
 use datafusion::logical_expr::{AggregateUDF, Expr, ScalarUDF};
 use datafusion::prelude::SessionContext;
 
@@ -115,4 +115,21 @@ pub fn call(name: &str, args: Vec<Expr>) -> Expr {
         .find(|f| f.name() == name)
         .unwrap_or_else(|| panic!("`{name}` is not a tensor function"));
     Expr::ScalarFunction(ScalarFunction::new_udf(Arc::clone(udf), args))
+}
+
+/// A call of the tensor aggregate `name` (`tensor_sum` or `tensor_avg`) on
+/// `arg`, over all rows of the group.
+pub fn aggregate_call(name: &str, arg: Expr) -> Expr {
+    let udaf = aggregates()
+        .into_iter()
+        .find(|a| a.name() == name)
+        .unwrap_or_else(|| panic!("`{name}` is not a tensor aggregate"));
+    Expr::AggregateFunction(AggregateFunction::new_udf(
+        Arc::new(udaf),
+        vec![arg],
+        false,
+        None,
+        vec![],
+        None,
+    ))
 }

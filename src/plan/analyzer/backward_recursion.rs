@@ -71,7 +71,7 @@ use super::reverse_recursion::{
     add, copies_of, is_differentiable, one_variable, pairing, reads_the_cte_directly,
 };
 use super::GradAnalyzer;
-use crate::engine::call::{as_marker, Marker, MarkerKind};
+use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{origin_of, Scope};
@@ -79,7 +79,7 @@ use crate::plan::shared::{share, unshared};
 use crate::plan::{columns, left_join_by_identity, unalias};
 use crate::reserved::{
     adjoint_column, aggregate_column, backward_cte, contribution_column, count_column, key_column,
-    previous_aggregate_column, reverse_column, FORWARD, ITERATION_COLUMN, ROW_COLUMN,
+    previous_aggregate_column, reverse_column, Placeholder, FORWARD, ITERATION_COLUMN, ROW_COLUMN,
     TRAJECTORY_COLUMN,
 };
 use crate::tensor::{self, batch, Shape};
@@ -149,6 +149,11 @@ impl<'r> AggregatingStep<'r> {
         }))
     }
 
+    /// How many aggregates the step computes.
+    pub(super) fn aggregates(&self) -> usize {
+        self.aggregate.aggr_expr.len()
+    }
+
     /// The `j`-th aggregate's argument and how it sums, refused where it
     /// is not one the backward step transposes.
     fn aggregate(&self, j: usize, name: &str) -> Result<(&'r Expr, Sums)> {
@@ -212,7 +217,7 @@ pub(super) fn reverse(
             ),
         )
     };
-    let transpose = Transpose::new(r, step, state, differentiable, found)?;
+    let transpose = Transpose::new(r, step, state, differentiable, Arc::clone(&found.rules))?;
     let fwd = share(with_history(r, step)?);
     let mut carried = vec![ITERATION_COLUMN.to_string(), TRAJECTORY_COLUMN.to_string()];
     carried.extend((0..step.aggregate.aggr_expr.len()).map(aggregate_column));
@@ -528,7 +533,7 @@ fn finish(
 }
 
 /// The backward step of an aggregating loop, differentiated once.
-struct Transpose<'r> {
+pub(super) struct Transpose<'r> {
     r: &'r RecursiveQuery,
     step: &'r AggregatingStep<'r>,
     state: &'r DFSchema,
@@ -544,12 +549,12 @@ struct Transpose<'r> {
 }
 
 impl<'r> Transpose<'r> {
-    fn new(
+    pub(super) fn new(
         r: &'r RecursiveQuery,
         step: &'r AggregatingStep<'r>,
         state: &'r DFSchema,
         differentiable: &'r [usize],
-        found: &Found,
+        rules: SharedRules,
     ) -> Result<Self> {
         let a = step.aggregate;
         let groups = a.group_expr.len();
@@ -592,7 +597,6 @@ impl<'r> Transpose<'r> {
         }
         let pairing = pairing(state, differentiable, &updates, &mut fields);
         let schema = DFSchema::from_unqualified_fields(fields.into(), Default::default())?;
-        let rules = Arc::clone(&found.rules);
         let gradient = differentiate(
             &pairing,
             &wrt,
@@ -626,7 +630,12 @@ impl<'r> Transpose<'r> {
     /// differentiable column; unqualified): each step joins its rows with the
     /// CTE's row of the iteration before and the step's data, and pulls the
     /// adjoints back through the step.
-    fn backward(&self, k: usize, first: LogicalPlan, fwd: &LogicalPlan) -> Result<LogicalPlan> {
+    pub(super) fn backward(
+        &self,
+        k: usize,
+        first: LogicalPlan,
+        fwd: &LogicalPlan,
+    ) -> Result<LogicalPlan> {
         let name = backward_cte(k);
         let schema = Arc::new(first.schema().as_arrow().clone());
         let source = provider_as_source(Arc::new(CteWorkTable::new(&name, schema)));
@@ -674,16 +683,7 @@ impl<'r> Transpose<'r> {
             exprs.push(col(FORWARD, &aggregate_column(j)).alias(&previous));
             carried.push(previous);
         }
-        let mut scan = None;
-        self.step.aggregate.input.apply(|node| {
-            if let LogicalPlan::TableScan(s) = node {
-                if s.table_name.table() == self.r.name {
-                    scan = Some(node);
-                }
-            }
-            Ok(TreeNodeRecursion::Continue)
-        })?;
-        let scan = scan.expect("the step reads the work table");
+        let scan = self.work_table()?;
         let LogicalPlan::TableScan(old) = scan else {
             unreachable!("a table scan")
         };
@@ -805,11 +805,139 @@ impl<'r> Transpose<'r> {
     }
 }
 
+impl Transpose<'_> {
+    /// The step's scan of the work table (the previous row).
+    fn work_table(&self) -> Result<&LogicalPlan> {
+        let mut scan = None;
+        self.step.aggregate.input.apply(|node| {
+            if let LogicalPlan::TableScan(s) = node {
+                if s.table_name.table() == self.r.name {
+                    scan = Some(node);
+                }
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(scan.expect("the step reads the work table"))
+    }
+
+    /// The step's aggregate replayed over every row of `fwd` (the CTE with
+    /// its history, [`with_history`]) at once: the step's input with the
+    /// work table's rows in place, grouped by each row's trajectory and
+    /// iteration (which tell the rows apart as the step's keys do), its
+    /// aggregates' values after the two.
+    pub(super) fn replayed_step(&self, fwd: &LogicalPlan) -> Result<LogicalPlan> {
+        let scan = self.work_table()?;
+        let LogicalPlan::TableScan(old) = scan else {
+            unreachable!("a table scan")
+        };
+        let mut exprs: Vec<Expr> = self
+            .state
+            .fields()
+            .iter()
+            .map(|f| Ok(Expr::Column(column_named(fwd, f.name())?)))
+            .collect::<Result<_>>()?;
+        let carried = vec![ITERATION_COLUMN.to_string(), TRAJECTORY_COLUMN.to_string()];
+        for n in &carried {
+            exprs.push(Expr::Column(column_named(fwd, n)?));
+        }
+        let replacement = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+            Arc::new(LogicalPlan::Projection(Projection::try_new(
+                exprs,
+                Arc::new(fwd.clone()),
+            )?)),
+            old.table_name.clone(),
+        )?);
+        let a = self.step.aggregate;
+        let rows =
+            carry(&a.input, scan, &replacement, carried.clone())?.expect("the work table is read");
+        let group = carried
+            .iter()
+            .map(|n| Ok(Expr::Column(column_named(&rows, n)?)))
+            .collect::<Result<_>>()?;
+        Ok(LogicalPlan::Aggregate(Aggregate::try_new(
+            Arc::new(rows),
+            group,
+            a.aggr_expr.clone(),
+        )?))
+    }
+
+    /// The cotangents `ḡ_j` of the step's differentiable aggregates at each
+    /// row of the backward recursion `back` (an `ā` at iteration `k`, with
+    /// the aggregates' values `g_k` that made the row) and the CTE's row of
+    /// the iteration before (from `fwd`), summed per trajectory and
+    /// iteration `k - 1` (the backward pass is linear): columns
+    /// `__dfgrad_key0` (the trajectory), `__dfgrad_key1` (the iteration of
+    /// the step's input row) and `__dfgrad_adj{j}` per aggregate `j` of
+    /// [`Self::differentiable_aggregates`].
+    pub(super) fn aggregate_cotangents(
+        &self,
+        back: LogicalPlan,
+        fwd: &LogicalPlan,
+    ) -> Result<LogicalPlan> {
+        const BACK: &str = "__dfgrad_back";
+        let col = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
+        let joined = LogicalPlanBuilder::from(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+            Arc::new(back),
+            BACK,
+        )?))
+        .join_on(
+            LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(Arc::new(fwd.clone()), FORWARD)?),
+            JoinType::Inner,
+            vec![
+                col(BACK, TRAJECTORY_COLUMN).eq(col(FORWARD, TRAJECTORY_COLUMN)),
+                (col(BACK, ITERATION_COLUMN) - lit(1i64)).eq(col(FORWARD, ITERATION_COLUMN)),
+            ],
+        )?
+        .build()?;
+        let mut exprs = vec![
+            col(FORWARD, TRAJECTORY_COLUMN).alias(Placeholder::Key.name(0)),
+            col(FORWARD, ITERATION_COLUMN).alias(Placeholder::Key.name(1)),
+        ];
+        let mut sums = Vec::new();
+        for j in self.differentiable_aggregates() {
+            let through = self.through[j].clone().expect("differentiable");
+            // The previous row's columns from the CTE, the rest (the
+            // aggregates' values, the adjoints) from the backward row.
+            let e = through
+                .transform_up(|e| match e {
+                    Expr::Column(c) if c.relation.is_none() => {
+                        Ok(Transformed::yes(match self.state.index_of_column(&c) {
+                            Ok(_) => col(FORWARD, &c.name),
+                            Err(_) => col(BACK, &c.name),
+                        }))
+                    }
+                    e => Ok(Transformed::no(e)),
+                })?
+                .data;
+            let name = Placeholder::Adjoint.name(j);
+            exprs.push(e.alias(&name));
+            let field =
+                &self.step.aggregate.schema.fields()[self.step.aggregate.group_expr.len() + j];
+            sums.push(total_of(Expr::Column(Column::new_unqualified(&name)), field).alias(name));
+        }
+        let cotangents = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(joined))?);
+        let keys = (0..2).map(|j| Placeholder::Key.column(j)).collect();
+        Ok(LogicalPlan::Aggregate(Aggregate::try_new(
+            Arc::new(cotangents),
+            keys,
+            sums,
+        )?))
+    }
+
+    /// The step's aggregates a cotangent flows to (not `count`s, nor
+    /// values that are not floats or float tensors).
+    pub(super) fn differentiable_aggregates(&self) -> Vec<usize> {
+        (0..self.through.len())
+            .filter(|&j| self.through[j].is_some())
+            .collect()
+    }
+}
+
 /// `r` (whose recursive term is the aggregating `step`) with each row's
 /// iteration (0, then one more each step), first row (its rank among the
 /// distinct first rows: the trajectory it belongs to) and the values of the step's aggregates that
 /// made it (NULL in the first row) after its own columns.
-fn with_history(r: &RecursiveQuery, step: &AggregatingStep) -> Result<LogicalPlan> {
+pub(super) fn with_history(r: &RecursiveQuery, step: &AggregatingStep) -> Result<LogicalPlan> {
     // Equal first rows are one trajectory, as the step's GROUP BY merges
     // them after the first iteration.
     let term = r.static_term.as_ref().clone();
@@ -861,10 +989,10 @@ fn state_column(state: &DFSchema, c: usize) -> Expr {
 }
 
 /// `sum` (or `tensor_sum`) of `e`, a value of `field`'s type.
-fn total_of(e: Expr, field: &Field) -> Expr {
+pub(super) fn total_of(e: Expr, field: &Field) -> Expr {
     match field.data_type() {
         DataType::Float64 => sum(e),
-        _ => tensor_aggregate("tensor_sum", e),
+        _ => tensor::aggregate_call("tensor_sum", e),
     }
 }
 
@@ -872,28 +1000,12 @@ fn total_of(e: Expr, field: &Field) -> Expr {
 fn mean_of(e: Expr, field: &Field) -> Expr {
     match field.data_type() {
         DataType::Float64 => avg(e),
-        _ => tensor_aggregate("tensor_avg", e),
+        _ => tensor::aggregate_call("tensor_avg", e),
     }
 }
 
-/// The tensor aggregate `name` of `e`.
-fn tensor_aggregate(name: &str, e: Expr) -> Expr {
-    let udaf = tensor::aggregates()
-        .into_iter()
-        .find(|a| a.name() == name)
-        .expect("a tensor aggregate");
-    Expr::AggregateFunction(AggregateFunction::new_udf(
-        Arc::new(udaf),
-        vec![e],
-        false,
-        None,
-        vec![],
-        None,
-    ))
-}
-
 /// The zero of a differentiable column's type `t`.
-fn zero(t: &DataType) -> Result<Expr> {
+pub(super) fn zero(t: &DataType) -> Result<Expr> {
     let shape = Shape::of(t).expect("a float or float tensor");
     let value =
         ScalarValue::try_from_array(&batch::build(shape, vec![0.0; shape.size()], None), 0)?;

@@ -50,6 +50,7 @@ use datafusion::optimizer::{AnalyzerRule, OptimizerConfig, OptimizerContext, Opt
 
 mod aggregates;
 mod backward_recursion;
+mod loop_tables;
 mod recursion;
 mod reverse_recursion;
 mod subqueries;

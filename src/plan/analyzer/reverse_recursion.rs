@@ -145,7 +145,7 @@ fn row_wise_step(r: &RecursiveQuery) -> std::result::Result<Vec<&LogicalPlan>, &
 
 /// The float and float tensor columns of `schema`: the columns that carry a
 /// cotangent.
-fn differentiable_columns(schema: &DFSchema) -> Vec<usize> {
+pub(super) fn differentiable_columns(schema: &DFSchema) -> Vec<usize> {
     (0..schema.fields().len())
         .filter(|&c| is_differentiable(schema.field(c).data_type()))
         .collect()

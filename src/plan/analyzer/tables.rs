@@ -34,10 +34,11 @@ use datafusion::logical_expr::{
 };
 
 use super::chain_total;
+use super::loop_tables::gradient_table;
 use crate::engine::call::as_marker;
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{origin_of, overlaps, parts, Scope};
-use crate::plan::reverse::{gradient_table, reads, shared_loss, GroupJoin, Parameter, RowCheck};
+use crate::plan::reverse::{reads, shared_loss, GroupJoin, Parameter, RowCheck};
 use crate::plan::{columns, left_join_by_identity};
 use crate::reserved::{gradient_table_qualifier, Placeholder, GRADIENT};
 use crate::tensor::Shape;
@@ -363,10 +364,7 @@ fn rewrite_marker(e: Expr, input: &LogicalPlan, found: &mut Found) -> Result<Tra
                         identity: &identity,
                         names: (&name, &identity_names),
                     };
-                    let table = {
-                        let table_rules = rules.read().expect("rule table lock");
-                        gradient_table(&s.subquery, parameter, &table_rules)?
-                    };
+                    let table = gradient_table(&s.subquery, parameter, &rules)?;
                     found
                         .tables
                         .push((k, c.clone(), table, on.clone(), relation.clone()));

@@ -34,8 +34,9 @@ use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::{
-    cast, lit, Aggregate, Expr, ExprFunctionExt, Filter, Join, JoinConstraint, JoinType,
-    LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, Window, WindowFunctionDefinition,
+    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Filter, Join, JoinConstraint,
+    JoinType, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, Window,
+    WindowFunctionDefinition,
 };
 
 use super::block::{Alternative, Blocks, LeafKind};
@@ -45,7 +46,8 @@ use crate::plan::shared::{share, unshared};
 use crate::plan::{columns, unalias};
 use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
 use crate::rules::transpose::{transpose_rule, TransposeCall};
-use crate::rules::Rules;
+use crate::rules::{num, Rules};
+use crate::tensor::{self, Shape};
 
 /// The adjoints a pass over a plan starts from.
 pub(super) struct Seed {
@@ -89,14 +91,16 @@ impl<'a> Backward<'a> {
     /// A pass for the parameter relation `parameter`, differentiating with
     /// respect to its column `variable`, its rows told apart by the columns
     /// `identity`.
+    /// `constants`: subplans read as data ([`Blocks::with_constants`]).
     pub fn new(
         parameter: &'a LogicalPlan,
         variable: usize,
         identity: &'a [usize],
+        constants: &'a [LogicalPlan],
         rules: &'a Rules,
     ) -> Self {
         Self {
-            blocks: Blocks::new(parameter),
+            blocks: Blocks::new(parameter).with_constants(constants),
             variable,
             identity,
             rules,
@@ -172,7 +176,8 @@ impl<'a> Backward<'a> {
         let mut f: Option<Expr> = None;
         for (i, (value, adjoint)) in seed.terms.iter().enumerate() {
             exprs.push(over_rows(adjoint)?.alias(Placeholder::Term.name(i)));
-            let term = Placeholder::Term.column(i) * over_rows(value)?;
+            let t = value.get_type(schema.as_ref())?;
+            let term = inner(Placeholder::Term.column(i), over_rows(value)?, &t);
             f = Some(match f {
                 Some(f) => f + term,
                 None => term,
@@ -192,7 +197,7 @@ impl<'a> Backward<'a> {
                     // Integer values (counts, keys) are piecewise constant.
                     .filter(|&i| {
                         let t = leaf.plan.schema().field(i).data_type();
-                        t.is_floating() || t.is_decimal()
+                        t.is_floating() || t.is_decimal() || Shape::is_tensor_type(t)
                     })
                     .collect(),
             };
@@ -222,7 +227,10 @@ impl<'a> Backward<'a> {
                 leaf.present().is_not_null(),
                 Arc::new(partials.clone()),
             )?);
-            let partial = |n: usize| sum(Placeholder::Partial.column(start + n));
+            let partial = |n: usize| {
+                let t = leaf.plan.schema().field(indexes[n]).data_type();
+                total(Placeholder::Partial.column(start + n), t)
+            };
             match leaf.kind {
                 LeafKind::Parameter => {
                     // Summed per parameter row with the other contributions.
@@ -311,10 +319,15 @@ impl<'a> Backward<'a> {
         let mut terms: Vec<(Expr, Expr)> = Vec::new();
         for &i in indexes {
             let adjoint = Placeholder::Adjoint.column(i);
+            let t = a.schema.field(i).data_type();
             if i < nkeys {
                 // A group key used as a value: split evenly among its rows.
                 let n = count_rows(&mut stats);
-                terms.push((unalias(&a.group_expr[i]).clone(), adjoint / n));
+                let share = match Shape::is_tensor_type(t) {
+                    true => scaled(adjoint, num(1.0) / n, t),
+                    false => adjoint / n,
+                };
+                terms.push((unalias(&a.group_expr[i]).clone(), share));
                 continue;
             }
             let Expr::AggregateFunction(call) = unalias(&a.aggr_expr[i - nkeys]) else {
@@ -348,7 +361,7 @@ impl<'a> Backward<'a> {
             let partials = rule(&mut transpose)?;
             for (arg, partial) in call.params.args.iter().zip(partials) {
                 if let Some(p) = partial {
-                    terms.push((arg.clone(), adjoint.clone() * p));
+                    terms.push((arg.clone(), scaled(adjoint.clone(), p, t)));
                 }
             }
         }
@@ -391,15 +404,31 @@ fn summed(
     let mut indexes: Vec<usize> = reads.iter().flat_map(|(_, i)| i.clone()).collect();
     indexes.sort_unstable();
     indexes.dedup();
+    // Each adjoint's type, as a read that has it gives it.
+    let types: Vec<DataType> = indexes
+        .iter()
+        .map(|&i| {
+            let (adjoints, _) = reads
+                .iter()
+                .find(|(_, own)| own.contains(&i))
+                .expect("read");
+            let name = Placeholder::Adjoint.name(i);
+            let field = adjoints.schema().field_with_unqualified_name(&name)?;
+            Ok(field.data_type().clone())
+        })
+        .collect::<Result<_>>()?;
     let mut all: Option<LogicalPlan> = None;
     for (adjoints, own) in reads {
         let mut exprs: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
-        exprs.extend(indexes.iter().map(|&i| match own.contains(&i) {
-            true => Placeholder::Adjoint.column(i),
-            false => {
-                Expr::Literal(ScalarValue::Float64(None), None).alias(Placeholder::Adjoint.name(i))
-            }
-        }));
+        for (&i, t) in indexes.iter().zip(&types) {
+            exprs.push(match own.contains(&i) {
+                true => Placeholder::Adjoint.column(i),
+                false => {
+                    let none = ScalarValue::try_from(t)?;
+                    Expr::Literal(none, None).alias(Placeholder::Adjoint.name(i))
+                }
+            });
+        }
         let read = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(adjoints))?);
         all = Some(match all {
             None => read,
@@ -409,7 +438,8 @@ fn summed(
     let keys = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
     let sums = indexes
         .iter()
-        .map(|&i| sum(Placeholder::Adjoint.column(i)))
+        .zip(&types)
+        .map(|(&i, t)| total(Placeholder::Adjoint.column(i), t))
         .collect();
     let grouped = aggregate(all.expect("several reads"), keys, sums)?;
     let names: Vec<String> = indexes
@@ -566,6 +596,32 @@ pub(super) fn sum(e: Expr) -> Expr {
         vec![],
         None,
     ))
+}
+
+/// `⟨a, v⟩` for values of type `t`: their product, or for tensors the sum
+/// of their elementwise product.
+fn inner(a: Expr, v: Expr, t: &DataType) -> Expr {
+    match Shape::is_tensor_type(t) {
+        true => tensor::call("tensor_total", vec![tensor::call("tensor_mul", vec![a, v])]),
+        false => a * v,
+    }
+}
+
+/// The adjoint `a` of a value of type `t` scaled by the number `p`.
+fn scaled(a: Expr, p: Expr, t: &DataType) -> Expr {
+    match Shape::is_tensor_type(t) {
+        true => tensor::call("scale", vec![a, p]),
+        false => a * p,
+    }
+}
+
+/// The sum over a group of `e`, of type `t`: `sum`, or `tensor_sum` for
+/// tensors.
+fn total(e: Expr, t: &DataType) -> Expr {
+    match Shape::is_tensor_type(t) {
+        true => tensor::aggregate_call("tensor_sum", e),
+        false => sum(e),
+    }
 }
 
 /// `input` grouped by `keys`, with `aggregates`.

@@ -90,6 +90,9 @@ pub(super) struct Alternative {
 /// Splits plans into blocks over the leaves it collects.
 pub struct Blocks<'a> {
     parameter: &'a LogicalPlan,
+    /// Subplans read as data although they read the parameter rows: the
+    /// caller accounts for the derivative through them.
+    constants: &'a [LogicalPlan],
     /// Every leaf met so far.
     pub(super) leaves: Vec<Leaf>,
 }
@@ -100,8 +103,16 @@ impl<'a> Blocks<'a> {
     pub fn new(parameter: &'a LogicalPlan) -> Self {
         Self {
             parameter,
+            constants: &[],
             leaves: Vec::new(),
         }
+    }
+
+    /// These blocks, reading the subplans `constants` as data (constant
+    /// with respect to the parameter rows, whatever they read): a caller
+    /// that differentiates through them in its own way.
+    pub fn with_constants(self, constants: &'a [LogicalPlan]) -> Self {
+        Self { constants, ..self }
     }
 
     /// Whether `plan` reads the parameter rows (in a subquery too). A scan
@@ -111,6 +122,9 @@ impl<'a> Blocks<'a> {
     pub fn reads(&self, plan: &LogicalPlan) -> Result<bool> {
         let mut found = false;
         plan.apply_with_subqueries(|node| {
+            if self.constants.contains(node) {
+                return Ok(TreeNodeRecursion::Jump);
+            }
             if let (LogicalPlan::TableScan(a), LogicalPlan::TableScan(b)) = (node, self.parameter) {
                 if same_table(&a.table_name, &b.table_name) && node != self.parameter {
                     return fail(

@@ -90,6 +90,33 @@ pub(crate) fn gradient_table(
     parameter: Parameter,
     rules: &Rules,
 ) -> Result<LogicalPlan> {
+    let relation = &share_aggregates(parameter.relation)?;
+    let parameter = Parameter {
+        relation,
+        ..parameter
+    };
+    let contributions = loss_contributions(loss, parameter, &[], rules)?;
+    GroupJoin::plan(
+        parameter.relation,
+        parameter.identity,
+        contributions,
+        parameter.names,
+    )
+}
+
+/// The contributions to the gradient of the loss `loss` (as for
+/// [`gradient_table`]) with respect to `parameter` (its aggregates shared,
+/// see [`share_aggregates`]): relations of columns `__dfgrad_key{j}` (the
+/// identity columns) and `__dfgrad_gradient`, a row per read of a parameter
+/// row, whose sums per identity are the gradient. `constants` are subplans
+/// read as data although they read the parameter rows (the caller adds
+/// the derivative through them).
+pub(crate) fn loss_contributions(
+    loss: &LogicalPlan,
+    parameter: Parameter,
+    constants: &[LogicalPlan],
+    rules: &Rules,
+) -> Result<Vec<LogicalPlan>> {
     let value = loss.schema().field(0);
     if !value.data_type().is_numeric() {
         return fail(
@@ -102,17 +129,7 @@ pub(crate) fn gradient_table(
             ),
         );
     }
-    let (loss, relation) = (&shared_loss(loss)?, &share_aggregates(parameter.relation)?);
-    let parameter = Parameter {
-        relation,
-        ..parameter
-    };
-    let mut backward = Backward::new(
-        parameter.relation,
-        parameter.column,
-        parameter.identity,
-        rules,
-    );
+    let loss = &shared_loss(loss)?;
     // The loss's adjoint, 1, in a one-row relation that counts the loss's
     // rows and fails on more than one: every contribution reads it, so no
     // gradient of several rows' sum comes out.
@@ -124,13 +141,47 @@ pub(crate) fn gradient_table(
             Placeholder::Adjoint.column(0),
         )],
     };
-    backward.run(loss, &seed)?;
-    GroupJoin::plan(
+    contributions(loss, &seed, parameter, constants, rules)
+}
+
+/// The contributions (as [`loss_contributions`]'s) to the gradient of
+/// `Σ ⟨āᵢ, vᵢ⟩` summed over the rows of `plan`, with respect to
+/// `parameter`: `terms` are the pairs `(vᵢ, āᵢ)` of expressions over
+/// `plan`'s output and the columns of `relation` (each `āᵢ` a constant to
+/// the derivative; a tensor pair's product is the sum of the elementwise
+/// one). `relation`, where given, holds the adjoints with keys
+/// `__dfgrad_key{j}` that its rows join `plan`'s by (the expressions
+/// `keys[j]` over `plan`'s output; NULL equal to NULL); a row of `plan`
+/// without one gets nothing.
+pub(crate) fn weighted_contributions(
+    plan: &LogicalPlan,
+    relation: Option<(LogicalPlan, Vec<Expr>)>,
+    terms: Vec<(Expr, Expr)>,
+    parameter: Parameter,
+    constants: &[LogicalPlan],
+    rules: &Rules,
+) -> Result<Vec<LogicalPlan>> {
+    let seed = Seed { relation, terms };
+    contributions(&share_aggregates(plan)?, &seed, parameter, constants, rules)
+}
+
+/// One backward pass over `plan` from `seed`, its contributions.
+fn contributions(
+    plan: &LogicalPlan,
+    seed: &Seed,
+    parameter: Parameter,
+    constants: &[LogicalPlan],
+    rules: &Rules,
+) -> Result<Vec<LogicalPlan>> {
+    let mut backward = Backward::new(
         parameter.relation,
+        parameter.column,
         parameter.identity,
-        backward.contributions,
-        parameter.names,
-    )
+        constants,
+        rules,
+    );
+    backward.run(plan, seed)?;
+    Ok(backward.contributions)
 }
 
 /// The loss query `loss` as the backward pass reads it, and its value is
