@@ -622,4 +622,20 @@ async fn derivatives_through_recursion_export_their_tangent_columns() {
         ErrorKind::Unexportable,
         "cannot export this statement as SQL text",
     );
+    // relational reverse mode through such a loop (each data row's weight):
+    // not printed either
+    let valued =
+        "WITH RECURSIVE d(i, x, y, wt) AS (VALUES (1, 0.5, 1.0, 1.0), (2, 1.0, 1.8, 0.5)), \
+                  train(step, w) AS (SELECT 0, CAST(0.0 AS DOUBLE) UNION ALL \
+                  SELECT step + 1, w - 0.1 * sum(d.wt * (w * d.x - d.y)) \
+                  FROM train CROSS JOIN d WHERE step < 3 GROUP BY step, w), \
+                  loss AS (SELECT w * w AS loss FROM train WHERE step = 3) \
+                  SELECT d.i, grad((SELECT loss FROM loss), d.wt) FROM d";
+    rows(&grad_ctx, valued).await.unwrap();
+    assert_refused(
+        rewrite_sql(&grad_ctx, valued, SqlDialect::DataFusion).await,
+        ErrorKind::Unexportable,
+        "cannot export a recursive query (WITH RECURSIVE) in a statement that differentiates \
+         with respect to a table's rows",
+    );
 }

@@ -4,9 +4,14 @@
 //! Identities of integer columns spanning a small range (ids, the indices
 //! of a matrix's entries: the usual case) are numbered directly — one slot
 //! per possible identity, no hashing, and contributions in identity order
-//! touch the slots in order. Any other identity (strings, floats, NULLs,
-//! sparse integers) goes through a hash table with chains. Both fail with
-//! the duplicate-rows check's typed error where two rows share an identity.
+//! touch the slots in order. So are identities whose integer columns alone
+//! tell the rows apart (an id beside a feature vector, a float, a string):
+//! by those columns only, the others unread — a contribution's identity is
+//! always one of the parameter rows' own (both are read from the same
+//! relation), so the one row with its integer columns is its row. Any
+//! other identity (strings, floats, NULLs, sparse integers) goes through a
+//! hash table with chains. Both fail with the duplicate-rows check's typed
+//! error where two rows share an identity.
 
 use datafusion::arrow::array::{
     make_comparator, Array, ArrayRef, AsArray, DynComparator, RecordBatch,
@@ -52,6 +57,8 @@ enum Lookup {
     /// Integer identities: the slot of `Σ (key_c − low_c) · stride_c`
     /// holds the row (each key within `low_c..=high_c`).
     Numbered {
+        /// The identity columns numbered (all, or the integer ones).
+        columns: Vec<usize>,
         low: Vec<i64>,
         high: Vec<i64>,
         stride: Vec<u64>,
@@ -92,7 +99,19 @@ impl RowIndex {
                 ),
             );
         }
-        let lookup = match numbered(&keys, rows, check, &reservation)? {
+        let all: Vec<usize> = (0..keys.len()).collect();
+        let integers: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&c| keys[c].data_type().is_integer())
+            .collect();
+        let mut lookup = numbered(&keys, all, rows, Some(check), &reservation)?;
+        if lookup.is_none() && !integers.is_empty() && integers.len() < keys.len() {
+            // Two rows with equal integer columns may still differ in the
+            // others: no error, the hash table decides.
+            lookup = numbered(&keys, integers, rows, None, &reservation)?;
+        }
+        let lookup = match lookup {
             Some(numbered) => numbered,
             None => hashed(&keys, rows, check, &reservation)?,
         };
@@ -125,14 +144,15 @@ impl RowIndex {
         };
         match &self.lookup {
             Lookup::Numbered {
+                columns,
                 low,
                 high,
                 stride,
                 slots,
             } => {
-                let keys = keys
+                let keys = columns
                     .iter()
-                    .map(|k| cast(k, &DataType::Int64))
+                    .map(|&c| cast(&keys[c], &DataType::Int64))
                     .collect::<std::result::Result<Vec<_>, _>>()?;
                 let keys: Vec<_> = keys.iter().map(|k| k.as_primitive::<Int64Type>()).collect();
                 'rows: for i in 0..batch.num_rows() {
@@ -186,24 +206,27 @@ impl RowIndex {
     }
 }
 
-/// The numbered lookup of `keys`, if they are integers without NULLs whose
-/// ranges multiply to at most [`SLOTS_PER_ROW`] slots per row.
+/// The numbered lookup of the identity columns `columns` of `keys`, if
+/// they are integers without NULLs whose ranges multiply to at most
+/// [`SLOTS_PER_ROW`] slots per row and (without `check`, where they are not
+/// the whole identity) tell the rows apart.
 fn numbered(
     keys: &[ArrayRef],
+    columns: Vec<usize>,
     rows: usize,
-    check: &Duplicate,
+    check: Option<&Duplicate>,
     reservation: &MemoryReservation,
 ) -> Result<Option<Lookup>> {
     if rows == 0
-        || keys
+        || columns
             .iter()
-            .any(|k| !k.data_type().is_integer() || k.null_count() > 0)
+            .any(|&c| !keys[c].data_type().is_integer() || keys[c].null_count() > 0)
     {
         return Ok(None);
     }
-    let keys = keys
+    let keys = columns
         .iter()
-        .map(|k| cast(k, &DataType::Int64))
+        .map(|&c| cast(&keys[c], &DataType::Int64))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let keys: Vec<_> = keys.iter().map(|k| k.as_primitive::<Int64Type>()).collect();
     // an unsigned key above i64::MAX casts to NULL
@@ -227,7 +250,8 @@ fn numbered(
     for c in (0..keys.len().saturating_sub(1)).rev() {
         stride[c] = stride[c + 1] * (high[c + 1].abs_diff(low[c + 1]) + 1);
     }
-    reservation.try_grow(span as usize * size_of::<u32>())?;
+    let memory = reservation.new_empty();
+    memory.try_grow(span as usize * size_of::<u32>())?;
     let mut slots = vec![NONE; span as usize];
     for row in 0..rows {
         let slot: u64 = (0..keys.len())
@@ -235,11 +259,18 @@ fn numbered(
             .sum();
         let slot = &mut slots[slot as usize];
         if *slot != NONE {
-            return fail(check.kind, check.message.clone());
+            return match check {
+                Some(check) => fail(check.kind, check.message.clone()),
+                None => Ok(None),
+            };
         }
         *slot = row as u32;
     }
+    // Held as long as the index.
+    let size = memory.free();
+    reservation.try_grow(size)?;
     Ok(Some(Lookup::Numbered {
+        columns,
         low,
         high,
         stride,

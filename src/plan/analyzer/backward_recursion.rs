@@ -218,7 +218,7 @@ pub(super) fn reverse(
         )
     };
     let transpose = Transpose::new(r, step, state, differentiable, Arc::clone(&found.rules))?;
-    let fwd = share(with_history(r, step)?);
+    let fwd = share(with_history(r, step, false)?);
     let mut carried = vec![ITERATION_COLUMN.to_string(), TRAJECTORY_COLUMN.to_string()];
     carried.extend((0..step.aggregate.aggr_expr.len()).map(aggregate_column));
     let input = carry(&input, found.cte, &fwd, carried)?.expect("the CTE is below the marker");
@@ -820,51 +820,78 @@ impl Transpose<'_> {
         Ok(scan.expect("the step reads the work table"))
     }
 
-    /// The step's aggregate replayed over every row of `fwd` (the CTE with
-    /// its history, [`with_history`]) at once: the step's input with the
-    /// work table's rows in place, grouped by each row's trajectory and
-    /// iteration (which tell the rows apart as the step's keys do), its
-    /// aggregates' values after the two.
-    pub(super) fn replayed_step(&self, fwd: &LogicalPlan) -> Result<LogicalPlan> {
+    /// The step's rows of every iteration at once, each with the
+    /// cotangents of the aggregates it feeds (`cotangents`, from
+    /// [`Self::aggregate_cotangents`]): the step's input with the work
+    /// table's rows in place (from `fwd`, the CTE with its history,
+    /// [`with_history`]) joined with the cotangents of their trajectory
+    /// and iteration; and per differentiable aggregate `j`, its argument
+    /// `h_j` paired with its cotangent column. The derivative of
+    /// `Σ_j ⟨ḡ_j, h_j⟩` summed over these rows is the pull-back of the
+    /// backward recursion through the data.
+    pub(super) fn data_rows(
+        &self,
+        fwd: &LogicalPlan,
+        cotangents: LogicalPlan,
+    ) -> Result<(LogicalPlan, Vec<(Expr, Expr)>)> {
+        const COTANGENTS: &str = "__dfgrad_cotangents";
         let scan = self.work_table()?;
         let LogicalPlan::TableScan(old) = scan else {
             unreachable!("a table scan")
         };
+        let col = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
+        let joined = LogicalPlanBuilder::from(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+            Arc::new(fwd.clone()),
+            FORWARD,
+        )?))
+        .join_on(
+            LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(Arc::new(cotangents), COTANGENTS)?),
+            JoinType::Inner,
+            vec![
+                col(FORWARD, TRAJECTORY_COLUMN).eq(col(COTANGENTS, &Placeholder::Key.name(0))),
+                col(FORWARD, ITERATION_COLUMN).eq(col(COTANGENTS, &Placeholder::Key.name(1))),
+            ],
+        )?
+        .build()?;
         let mut exprs: Vec<Expr> = self
             .state
             .fields()
             .iter()
-            .map(|f| Ok(Expr::Column(column_named(fwd, f.name())?)))
-            .collect::<Result<_>>()?;
-        let carried = vec![ITERATION_COLUMN.to_string(), TRAJECTORY_COLUMN.to_string()];
-        for n in &carried {
-            exprs.push(Expr::Column(column_named(fwd, n)?));
+            .map(|f| col(FORWARD, f.name()).alias(f.name()))
+            .collect();
+        let mut carried = Vec::new();
+        for j in self.differentiable_aggregates() {
+            let name = Placeholder::Adjoint.name(j);
+            exprs.push(col(COTANGENTS, &name).alias(&name));
+            carried.push(name);
         }
         let replacement = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
             Arc::new(LogicalPlan::Projection(Projection::try_new(
                 exprs,
-                Arc::new(fwd.clone()),
+                Arc::new(joined),
             )?)),
             old.table_name.clone(),
         )?);
         let a = self.step.aggregate;
         let rows =
             carry(&a.input, scan, &replacement, carried.clone())?.expect("the work table is read");
-        let group = carried
-            .iter()
-            .map(|n| Ok(Expr::Column(column_named(&rows, n)?)))
+        let terms = self
+            .differentiable_aggregates()
+            .into_iter()
+            .zip(&carried)
+            .map(|(j, name)| {
+                let (h, _) = self.aggregates[j];
+                Ok((h.clone(), Expr::Column(column_named(&rows, name)?)))
+            })
             .collect::<Result<_>>()?;
-        Ok(LogicalPlan::Aggregate(Aggregate::try_new(
-            Arc::new(rows),
-            group,
-            a.aggr_expr.clone(),
-        )?))
+        Ok((rows, terms))
     }
 
     /// The cotangents `ḡ_j` of the step's differentiable aggregates at each
     /// row of the backward recursion `back` (an `ā` at iteration `k`, with
     /// the aggregates' values `g_k` that made the row) and the CTE's row of
-    /// the iteration before (from `fwd`), summed per trajectory and
+    /// the iteration before (from `fwd`, with counts: [`with_history`]),
+    /// divided by the row count for an average, summed per trajectory and
     /// iteration `k - 1` (the backward pass is linear): columns
     /// `__dfgrad_key0` (the trajectory), `__dfgrad_key1` (the iteration of
     /// the step's input row) and `__dfgrad_adj{j}` per aggregate `j` of
@@ -875,20 +902,34 @@ impl Transpose<'_> {
         fwd: &LogicalPlan,
     ) -> Result<LogicalPlan> {
         const BACK: &str = "__dfgrad_back";
+        // The CTE's row that the backward row's adjoints are of (its
+        // averaging aggregates' counts).
+        const NEXT: &str = "__dfgrad_next";
         let col = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
-        let joined = LogicalPlanBuilder::from(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
-            Arc::new(back),
-            BACK,
-        )?))
-        .join_on(
-            LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(Arc::new(fwd.clone()), FORWARD)?),
-            JoinType::Inner,
-            vec![
-                col(BACK, TRAJECTORY_COLUMN).eq(col(FORWARD, TRAJECTORY_COLUMN)),
-                (col(BACK, ITERATION_COLUMN) - lit(1i64)).eq(col(FORWARD, ITERATION_COLUMN)),
-            ],
-        )?
-        .build()?;
+        let alias = |plan: LogicalPlan, name: &str| -> Result<LogicalPlan> {
+            Ok(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+                Arc::new(plan),
+                name,
+            )?))
+        };
+        let joined = LogicalPlanBuilder::from(alias(back, BACK)?)
+            .join_on(
+                alias(fwd.clone(), FORWARD)?,
+                JoinType::Inner,
+                vec![
+                    col(BACK, TRAJECTORY_COLUMN).eq(col(FORWARD, TRAJECTORY_COLUMN)),
+                    (col(BACK, ITERATION_COLUMN) - lit(1i64)).eq(col(FORWARD, ITERATION_COLUMN)),
+                ],
+            )?
+            .join_on(
+                alias(fwd.clone(), NEXT)?,
+                JoinType::Inner,
+                vec![
+                    col(BACK, TRAJECTORY_COLUMN).eq(col(NEXT, TRAJECTORY_COLUMN)),
+                    col(BACK, ITERATION_COLUMN).eq(col(NEXT, ITERATION_COLUMN)),
+                ],
+            )?
+            .build()?;
         let mut exprs = vec![
             col(FORWARD, TRAJECTORY_COLUMN).alias(Placeholder::Key.name(0)),
             col(FORWARD, ITERATION_COLUMN).alias(Placeholder::Key.name(1)),
@@ -909,10 +950,21 @@ impl Transpose<'_> {
                     e => Ok(Transformed::no(e)),
                 })?
                 .data;
-            let name = Placeholder::Adjoint.name(j);
-            exprs.push(e.alias(&name));
             let field =
                 &self.step.aggregate.schema.fields()[self.step.aggregate.group_expr.len() + j];
+            // An average sends each row its share.
+            let e = match self.aggregates[j].1 {
+                Sums::Mean => {
+                    let share = lit(1.0) / cast(col(NEXT, &count_column(j)), DataType::Float64);
+                    match field.data_type() {
+                        DataType::Float64 => e * share,
+                        _ => tensor::call("scale", vec![e, share]),
+                    }
+                }
+                _ => e,
+            };
+            let name = Placeholder::Adjoint.name(j);
+            exprs.push(e.alias(&name));
             sums.push(total_of(Expr::Column(Column::new_unqualified(&name)), field).alias(name));
         }
         let cotangents = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(joined))?);
@@ -937,7 +989,15 @@ impl Transpose<'_> {
 /// iteration (0, then one more each step), first row (its rank among the
 /// distinct first rows: the trajectory it belongs to) and the values of the step's aggregates that
 /// made it (NULL in the first row) after its own columns.
-pub(super) fn with_history(r: &RecursiveQuery, step: &AggregatingStep) -> Result<LogicalPlan> {
+///
+/// With `counts`, also, per averaging aggregate `j` (`avg`, `tensor_avg`),
+/// the number of rows it averaged (`count` of its argument) as
+/// `__dfgrad_count{j}` (NULL in the first row), after those.
+pub(super) fn with_history(
+    r: &RecursiveQuery,
+    step: &AggregatingStep,
+    counts: bool,
+) -> Result<LogicalPlan> {
     // Equal first rows are one trajectory, as the step's GROUP BY merges
     // them after the first iteration.
     let term = r.static_term.as_ref().clone();
@@ -960,8 +1020,37 @@ pub(super) fn with_history(r: &RecursiveQuery, step: &AggregatingStep) -> Result
         exprs.push(Expr::Literal(none, None).alias(aggregate_column(j)));
         names.push(aggregate_column(j));
     }
+    // The averaging aggregates' arguments, counted.
+    let averaged: Vec<(usize, Expr)> = match counts {
+        true => (0..a.aggr_expr.len())
+            .filter_map(|j| match sums_of(&a.aggr_expr[j]) {
+                Some((Sums::Mean, arg)) => Some((j, count(arg.clone()))),
+                _ => None,
+            })
+            .collect(),
+        false => Vec::new(),
+    };
+    for (j, _) in &averaged {
+        exprs.push(Expr::Literal(ScalarValue::Int64(None), None).alias(count_column(*j)));
+        names.push(count_column(*j));
+    }
     let static_term = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(windowed))?);
     let (p, input) = term_with_columns(r, &static_term, &names)?;
+    let input = match averaged.is_empty() {
+        true => input,
+        false => {
+            let LogicalPlan::Aggregate(with_keys) = &input else {
+                unreachable!("the step's aggregate, grouping by the new columns too")
+            };
+            let mut aggregates = with_keys.aggr_expr.clone();
+            aggregates.extend(averaged.iter().map(|(_, n)| n.clone()));
+            LogicalPlan::Aggregate(Aggregate::try_new(
+                Arc::clone(&with_keys.input),
+                with_keys.group_expr.clone(),
+                aggregates,
+            )?)
+        }
+    };
     let mut exprs = p.expr.clone();
     let iteration = Expr::Column(column_named(&input, ITERATION_COLUMN)?);
     exprs.push((iteration + lit(1i64)).alias(ITERATION_COLUMN));
@@ -973,6 +1062,13 @@ pub(super) fn with_history(r: &RecursiveQuery, step: &AggregatingStep) -> Result
     for j in 0..a.aggr_expr.len() {
         let value = Column::from(input.schema().qualified_field(keys + j));
         exprs.push(Expr::Column(value).alias(aggregate_column(j)));
+    }
+    // The new counts after the step's own aggregates (the previous row's
+    // were carried as group keys, as its aggregates' values).
+    for (i, (j, _)) in averaged.iter().enumerate() {
+        let n = a.aggr_expr.len() + i;
+        let value = Column::from(input.schema().qualified_field(keys + n));
+        exprs.push(Expr::Column(value).alias(count_column(*j)));
     }
     let recursive_term = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(input))?);
     Ok(LogicalPlan::RecursiveQuery(RecursiveQuery::try_new(

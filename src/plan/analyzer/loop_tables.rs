@@ -19,11 +19,12 @@
 //! So the rewrite computes the CTE once with its history, the adjoints of
 //! its rows as the loss reads them (relational reverse mode with the CTE as
 //! the parameter relation, its rows told apart by trajectory and
-//! iteration), runs the loop's backward recursion from them, and then
-//! passes the aggregates' cotangents of every iteration back through one
-//! replay of the step over all iterations at once: one aggregate over the
-//! data, grouped by iteration, whose transpose relational reverse mode
-//! sums per row of the table.
+//! iteration), runs the loop's backward recursion from them, and then makes
+//! one pass over the step's rows of every iteration at once (the data joined
+//! with the loop's rows, each row carrying the cotangents of the aggregates
+//! it feeds — divided by the row count for an average): the derivative of
+//! `Σ_j ⟨ḡ_j, h_j⟩` at each row with respect to the table's column, summed
+//! per row of the table by relational reverse mode's group join.
 //!
 //! ```sql
 //! -- The value of each training row: the derivative of the validation loss
@@ -129,7 +130,7 @@ pub(super) fn gradient_table(
     };
     let state = DFSchema::try_from(r.static_term.schema().as_arrow().clone())?;
     let differentiable = differentiable_columns(&state);
-    let fwd = share(with_history(r, &step)?);
+    let fwd = share(with_history(r, &step, true)?);
     let loss = over_history(loss, &cte, &fwd)?;
     let table_rules = rules.read().expect("rule table lock").clone();
 
@@ -153,21 +154,13 @@ pub(super) fn gradient_table(
     };
     let transpose = Transpose::new(r, &step, &state, &differentiable, Arc::clone(rules))?;
     let first = first_rows(seeds, &fwd, &state, &differentiable, &step)?;
-    let back = transpose.backward(0, first, &fwd)?;
-    let cotangents = transpose.aggregate_cotangents(back, &fwd)?;
-    let replayed = transpose.replayed_step(&fwd)?;
-    let value = |i: usize| Expr::Column(Column::from(replayed.schema().qualified_field(i)));
-    let terms: Vec<(Expr, Expr)> = transpose
-        .differentiable_aggregates()
-        .into_iter()
-        .map(|j| (value(2 + j), Placeholder::Adjoint.column(j)))
-        .collect();
-    // The replayed step's groups: (iteration, trajectory); the cotangents'
-    // keys: (trajectory, iteration).
-    let keys = vec![value(1), value(0)];
+    // Computed once, and a constant to the pass over the data.
+    let back = share(transpose.backward(0, first, &fwd)?);
+    let cotangents = transpose.aggregate_cotangents(back.clone(), &fwd)?;
+    let (rows, terms) = transpose.data_rows(&fwd, cotangents)?;
+    let constants = [fwd, back];
     contributions.extend(weighted_contributions(
-        &replayed,
-        Some((cotangents, keys)),
+        &rows,
         terms,
         parameter,
         &constants,

@@ -147,21 +147,19 @@ pub(crate) fn loss_contributions(
 /// The contributions (as [`loss_contributions`]'s) to the gradient of
 /// `Σ ⟨āᵢ, vᵢ⟩` summed over the rows of `plan`, with respect to
 /// `parameter`: `terms` are the pairs `(vᵢ, āᵢ)` of expressions over
-/// `plan`'s output and the columns of `relation` (each `āᵢ` a constant to
-/// the derivative; a tensor pair's product is the sum of the elementwise
-/// one). `relation`, where given, holds the adjoints with keys
-/// `__dfgrad_key{j}` that its rows join `plan`'s by (the expressions
-/// `keys[j]` over `plan`'s output; NULL equal to NULL); a row of `plan`
-/// without one gets nothing.
+/// `plan`'s output (each `āᵢ` a constant to the derivative; a tensor pair's
+/// product is the sum of the elementwise one).
 pub(crate) fn weighted_contributions(
     plan: &LogicalPlan,
-    relation: Option<(LogicalPlan, Vec<Expr>)>,
     terms: Vec<(Expr, Expr)>,
     parameter: Parameter,
     constants: &[LogicalPlan],
     rules: &Rules,
 ) -> Result<Vec<LogicalPlan>> {
-    let seed = Seed { relation, terms };
+    let seed = Seed {
+        relation: None,
+        terms,
+    };
     contributions(&share_aggregates(plan)?, &seed, parameter, constants, rules)
 }
 
