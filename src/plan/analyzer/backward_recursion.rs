@@ -683,20 +683,8 @@ impl<'r> Transpose<'r> {
             exprs.push(col(FORWARD, &aggregate_column(j)).alias(&previous));
             carried.push(previous);
         }
-        let scan = self.work_table()?;
-        let LogicalPlan::TableScan(old) = scan else {
-            unreachable!("a table scan")
-        };
-        let replacement = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
-            Arc::new(LogicalPlan::Projection(Projection::try_new(
-                exprs,
-                Arc::new(joined),
-            )?)),
-            old.table_name.clone(),
-        )?);
         let a = self.step.aggregate;
-        let rows =
-            carry(&a.input, scan, &replacement, carried.clone())?.expect("the work table is read");
+        let rows = self.step_input(exprs, joined, &carried)?;
 
         // Each aggregate's contribution to each adjoint:
         // AGG_j(vjp(h_j, s_c, ḡ_j)) over the same rows.
@@ -806,6 +794,30 @@ impl<'r> Transpose<'r> {
 }
 
 impl Transpose<'_> {
+    /// The step's input with its work table's rows replaced by `exprs`
+    /// (the state's columns, then the columns `carried`) over `rows`, the
+    /// columns `carried` passed up to the aggregate's input.
+    fn step_input(
+        &self,
+        exprs: Vec<Expr>,
+        rows: LogicalPlan,
+        carried: &[String],
+    ) -> Result<LogicalPlan> {
+        let scan = self.work_table()?;
+        let LogicalPlan::TableScan(old) = scan else {
+            unreachable!("a table scan")
+        };
+        let replacement = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+            Arc::new(LogicalPlan::Projection(Projection::try_new(
+                exprs,
+                Arc::new(rows),
+            )?)),
+            old.table_name.clone(),
+        )?);
+        let input = &self.step.aggregate.input;
+        Ok(carry(input, scan, &replacement, carried.to_vec())?.expect("the work table is read"))
+    }
+
     /// The step's scan of the work table (the previous row).
     fn work_table(&self) -> Result<&LogicalPlan> {
         let mut scan = None;
@@ -835,10 +847,6 @@ impl Transpose<'_> {
         cotangents: LogicalPlan,
     ) -> Result<(LogicalPlan, Vec<(Expr, Expr)>)> {
         const COTANGENTS: &str = "__dfgrad_cotangents";
-        let scan = self.work_table()?;
-        let LogicalPlan::TableScan(old) = scan else {
-            unreachable!("a table scan")
-        };
         let col = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
         let joined = LogicalPlanBuilder::from(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
             Arc::new(fwd.clone()),
@@ -865,16 +873,7 @@ impl Transpose<'_> {
             exprs.push(col(COTANGENTS, &name).alias(&name));
             carried.push(name);
         }
-        let replacement = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
-            Arc::new(LogicalPlan::Projection(Projection::try_new(
-                exprs,
-                Arc::new(joined),
-            )?)),
-            old.table_name.clone(),
-        )?);
-        let a = self.step.aggregate;
-        let rows =
-            carry(&a.input, scan, &replacement, carried.clone())?.expect("the work table is read");
+        let rows = self.step_input(exprs, joined, &carried)?;
         let terms = self
             .differentiable_aggregates()
             .into_iter()

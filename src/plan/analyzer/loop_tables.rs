@@ -79,7 +79,10 @@ pub(super) fn gradient_table(
     let mut loops = Vec::new();
     loops_reading(loss, parameter.relation, &mut loops)?;
     let cte = match loops.as_slice() {
-        [] => return reverse::gradient_table(loss, parameter, &rules.read().expect("rule lock")),
+        [] => {
+            let rules = rules.read().expect("rule table lock");
+            return reverse::gradient_table(loss, parameter, &rules);
+        }
         [cte] => cte.clone(),
         _ => {
             return fail(
@@ -144,28 +147,22 @@ pub(super) fn gradient_table(
         true => None,
         false => row_adjoints(&loss, &fwd, &state, &differentiable, &table_rules)?,
     };
-    let Some(seeds) = seeds else {
-        return GroupJoin::plan(
-            parameter.relation,
-            parameter.identity,
-            contributions,
-            parameter.names,
-        );
-    };
-    let transpose = Transpose::new(r, &step, &state, &differentiable, Arc::clone(rules))?;
-    let first = first_rows(seeds, &fwd, &state, &differentiable, &step)?;
-    // Computed once, and a constant to the pass over the data.
-    let back = share(transpose.backward(0, first, &fwd)?);
-    let cotangents = transpose.aggregate_cotangents(back.clone(), &fwd)?;
-    let (rows, terms) = transpose.data_rows(&fwd, cotangents)?;
-    let constants = [fwd, back];
-    contributions.extend(weighted_contributions(
-        &rows,
-        terms,
-        parameter,
-        &constants,
-        &table_rules,
-    )?);
+    if let Some(seeds) = seeds {
+        let transpose = Transpose::new(r, &step, &state, &differentiable, Arc::clone(rules))?;
+        let first = first_rows(seeds, &fwd, &state, &differentiable, &step)?;
+        // Computed once, and a constant to the pass over the data.
+        let back = share(transpose.backward(0, first, &fwd)?);
+        let cotangents = transpose.aggregate_cotangents(back.clone(), &fwd)?;
+        let (rows, terms) = transpose.data_rows(&fwd, cotangents)?;
+        let constants = [fwd, back];
+        contributions.extend(weighted_contributions(
+            &rows,
+            terms,
+            parameter,
+            &constants,
+            &table_rules,
+        )?);
+    }
     GroupJoin::plan(
         parameter.relation,
         parameter.identity,
