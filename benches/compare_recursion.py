@@ -20,6 +20,11 @@ Cases (each a recursive query; the timed statement returns one row):
     respect to the initial weights in each mode (forward: 8 tangents
     through every step; reverse: the backward recursive query). The
     issue's target is <= 4x the loop in reverse mode.
+  * `mlp T` (with `--mlp-steps`): T steps of the 784-20-10 ReLU network of
+    `examples/mlp.sql` (6,000 samples in 3 batches of 2,000; issue 48, case
+    3); `loop` selects the held-out batch's loss after it, `reverse` also
+    its gradient with respect to the initial 784x20 first layer (15,680
+    variables; its elements summed, so that one number comes back).
   * `valuation N T`: the same loop over an N-row table with a weight per
     row, w <- w - 0.5 sum(wt grad) / sum(wt) (issue 48, case 4); `loop`
     selects the validation loss, `reverse` the derivative of that loss with
@@ -110,6 +115,37 @@ def default_dfgrad():
     return os.environ.get("DFGRAD", os.path.join(target, "release", "dfgrad"))
 
 
+# examples/mlp.sql's data: 8,000 MNIST-shaped samples in 4 batches.
+MLP_TABLE = """CREATE OR REPLACE TABLE mnist_like AS
+WITH prototypes AS (
+  SELECT tensor(array_agg(sin(0.05 * j * (k + 1)) ORDER BY k, j), 10, 784) AS p
+  FROM (SELECT value AS k FROM generate_series(0, 9)), (SELECT value AS j FROM generate_series(0, 783))),
+labels AS (
+  SELECT i / 2000 AS batch, tensor(array_agg(CAST(i % 10 AS DOUBLE) ORDER BY i), 2000) AS y
+  FROM (SELECT value AS i FROM generate_series(0, 7999)) GROUP BY i / 2000)
+SELECT batch, tensor_add(matmul(one_hot(y, 10), p), scale(random_tensor(batch, 2000, 784), 4.0)) AS x, y
+FROM labels CROSS JOIN prototypes;"""
+
+MLP_LOSS = "cross_entropy(tensor_add(matmul(relu(tensor_add(matmul(x, w1), b1)), w2), b2), y)"
+
+MLP = """WITH RECURSIVE train(step, w1, b1, w2, b2, w1_0) AS (
+  SELECT 0, w1_0 AS w1, zeros_like(random_tensor(3, 20)), scale(random_tensor(2, 20, 10), 0.5),
+         zeros_like(random_tensor(4, 10)), w1_0
+  FROM (SELECT scale(random_tensor(1, 784, 20), 0.1) AS w1_0) i
+  UNION ALL
+  SELECT step + 1,
+         tensor_sub(w1, scale(tensor_avg(g['w1']), 0.5)), tensor_sub(b1, scale(tensor_avg(g['b1']), 0.5)),
+         tensor_sub(w2, scale(tensor_avg(g['w2']), 0.5)), tensor_sub(b2, scale(tensor_avg(g['b2']), 0.5)), w1_0
+  FROM (SELECT step, w1, b1, w2, b2, w1_0, grad({loss}, w1, b1, w2, b2) AS g
+        FROM train CROSS JOIN mnist_like WHERE step < {t} AND batch < 3)
+  GROUP BY step, w1, b1, w2, b2, w1_0)
+SELECT {select} FROM train CROSS JOIN mnist_like WHERE step = {t} AND batch = 3;"""
+
+MLP_SELECTS = {
+    "loop": MLP_LOSS,
+    "reverse": f"{MLP_LOSS}, tensor_total(grad({MLP_LOSS}, w1_0))",
+}
+
 VALUATION = """WITH RECURSIVE train(step, w) AS (
   SELECT 0, scale(random_tensor(3, 8), 0.3)
   UNION ALL
@@ -131,6 +167,7 @@ def main():
     ap.add_argument("--steps", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--rows", type=int, nargs="+", default=[100_000])
     ap.add_argument("--meta-steps", type=int, nargs="+", default=[20])
+    ap.add_argument("--mlp-steps", type=int, nargs="*", default=[])
     ap.add_argument("--memory", action="store_true")
     args = ap.parse_args()
     if args.memory:
@@ -170,6 +207,12 @@ def main():
             for variant, select in VALUATION_SELECTS.items():
                 sql = VALUATION.format(t=t, select=select)
                 cases.append((f"valuation N={n} T={t}", variant, sql))
+    if args.mlp_steps:
+        setup.append(MLP_TABLE)
+    for t in args.mlp_steps:
+        for variant, select in MLP_SELECTS.items():
+            sql = MLP.format(t=t, loss=MLP_LOSS, select=select)
+            cases.append((f"mlp T={t}", variant, REVERSE.format(sql=sql) if variant == "reverse" else sql))
     if len(args.rows) > 1:
         sys.exit("one --rows value per run (the table d is replaced)")
 

@@ -83,6 +83,7 @@ use datafusion::prelude::SessionContext;
 
 pub use error::{ErrorKind, GradError};
 pub use plan::bindings::inline_common_subexpressions;
+pub use plan::scans::widen_scans;
 pub use rules::{Call, DerivativeRule, Partial, Rules};
 
 use engine::call::{Marker, MarkerKind, SharedRules};

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{Array, Float64Array, Int64Array};
+use datafusion::arrow::array::{Array, FixedSizeListArray, Float64Array, Int64Array};
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
@@ -236,6 +236,92 @@ async fn check_kept_loops(local: &SessionContext, remote: &SessionContext) -> Re
     Ok(())
 }
 
+/// The gradient of a loss after a training loop over the partitioned data
+/// (each step aggregates over `t`) with respect to the initial weights:
+/// the backward recursive query of reverse mode.
+const META_GRADIENT: &str = "WITH RECURSIVE train(step, w, w0) AS ( \
+       SELECT 0, w0 AS w, w0 FROM (SELECT tensor([0.1, -0.2], 2) AS w0) i \
+       UNION ALL \
+       SELECT step + 1, \
+              tensor_sub(w, scale(tensor_avg(grad(power(tanh(dot(w, tensor([x, 1.0], 2))) - y / 5.0, 2), w)), 0.5)), w0 \
+       FROM train CROSS JOIN t WHERE step < 4 GROUP BY step, w, w0) \
+     SELECT w0, grad(tensor_total(tensor_mul(w, w)), w0) AS g FROM train WHERE step = 4";
+
+/// The derivative of a loss after a training loop over `t` with respect to
+/// every row's `y` (relational reverse mode through the loop), summed with
+/// the rows' own weights so that one row comes back.
+const VALUATION: &str = "WITH RECURSIVE train(step, w) AS ( \
+       SELECT 0, CAST(0.0 AS DOUBLE) \
+       UNION ALL \
+       SELECT step + 1, w - 0.5 * avg(grad(power(w * t.x - t.y, 2), w)) \
+       FROM train CROSS JOIN t WHERE step < 3 GROUP BY step, w), \
+     loss AS (SELECT power(w - 2.5, 2) AS loss FROM train WHERE step = 3), \
+     g AS (SELECT i, grad((SELECT loss FROM loss), t.y) AS g FROM t) \
+     SELECT count(*) AS n, sum(g * sin(CAST(i AS DOUBLE))) AS s, max(abs(g)) AS m FROM g";
+
+/// Reverse mode through loops whose steps aggregate over the partitioned
+/// data runs its backward query on the cluster too, with the local numbers
+/// (and reverse mode gives forward mode's).
+async fn check_reverse_through_loops(
+    local: &SessionContext,
+    remote: &SessionContext,
+) -> Result<()> {
+    let forward = rows(local, META_GRADIENT).await?;
+    for ctx in [local, remote] {
+        set(ctx, "datafusion_grad.recursion_mode = 'reverse'").await?;
+    }
+    let reverse = rows(local, META_GRADIENT).await?;
+    let plan = rows(local, &format!("EXPLAIN {META_GRADIENT}")).await?;
+    assert!(
+        format!("{:?}", plan.column(1)).contains("__dfgrad_back"),
+        "not the backward recursive query: {plan:?}"
+    );
+    let got = rows(remote, META_GRADIENT).await?;
+    for ctx in [local, remote] {
+        set(ctx, "datafusion_grad.recursion_mode = 'auto'").await?;
+    }
+    let tensor = |b: &RecordBatch| -> Vec<f64> {
+        let list = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<FixedSizeListArray>()
+            .unwrap();
+        let values = list
+            .values()
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        values.values().to_vec()
+    };
+    let close = |a: &[f64], b: &[f64]| {
+        a.len() == b.len()
+            && a.iter()
+                .zip(b)
+                .all(|(x, y)| (x - y).abs() <= 1e-9 * x.abs().max(1.0))
+    };
+    let (f, r, g) = (tensor(&forward), tensor(&reverse), tensor(&got));
+    assert!(f.len() == 2 && f.iter().all(|v| *v != 0.0), "{f:?}");
+    assert!(close(&f, &r), "forward {f:?}, reverse {r:?}");
+    assert!(close(&r, &g), "local {r:?}, ballista {g:?}");
+
+    let expected = rows(local, VALUATION).await?;
+    let got = rows(remote, VALUATION).await?;
+    assert_same(VALUATION, &expected, &got);
+    let n = expected
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap();
+    let m = expected
+        .column(2)
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .unwrap();
+    assert_eq!(n.value(0), ROWS * FILES);
+    assert!(m.value(0) > 0.0, "every row's derivative is 0");
+    Ok(())
+}
+
 /// Bounds each distributed query of `ctx` to `seconds`.
 async fn set_timeout(ctx: &SessionContext, seconds: u64) -> Result<()> {
     ctx.sql(&format!(
@@ -276,6 +362,7 @@ async fn standalone_cluster_gives_the_local_numbers() -> Result<()> {
     register(&remote, dir.path()).await?;
     check_queries(&local, &remote).await?;
     check_kept_loops(&local, &remote).await?;
+    check_reverse_through_loops(&local, &remote).await?;
 
     let (lw, lb, ls) = descend(&local).await?;
     let (rw, rb, rs) = descend(&remote).await?;

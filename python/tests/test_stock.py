@@ -262,8 +262,8 @@ def test_value_of_each_training_row_in_the_stock_session(ctx):
     # issue 48 (4): the derivative of the validation loss after 20 steps of
     # weighted least squares over the caller's table with respect to each
     # row's weight, through the loop (relational reverse mode), in
-    # grad_query: the planner path receives the session's optimized plan,
-    # whose scans of `d` were narrowed differently (a typed refusal, below).
+    # grad_query and through the planner (which receives the session's
+    # optimized plan, its scans of `d` narrowed differently: widened back).
     # jax.grad of the unrolled loop (as sql-tests/data_valuation.slt):
     want = [
         -0.00017097166137302458,
@@ -293,5 +293,28 @@ def test_value_of_each_training_row_in_the_stock_session(ctx):
     """
     got = ctx.sql(f"SELECT * FROM grad_query('{query}') ORDER BY i").to_pydict()["g"]
     assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
-    with pytest.raises(Exception, match="needs_plan_context.*scans the variable's table"):
-        ctx.sql(query).collect()
+    got = ctx.sql(f"{query} ORDER BY d.i").to_pydict()["g"]
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def test_gradient_with_respect_to_a_tables_rows_through_the_planner(ctx, tmp_path):
+    # relational reverse mode in the stock session: the optimizer narrows
+    # the scans of `q` (to (k, v) outside, to (v) and (k, v) in the loss)
+    # and pushes filters into them; the gradient is each row's total
+    # derivative of loss = sum over rows with k < 3 of v^2 * x-weights
+    ctx.from_pydict({"k": [1, 2, 3, 4], "v": [0.5, -1.0, 2.0, 3.0], "tag": ["a", "b", "c", "d"]}, name="q")
+    loss = "(SELECT sum(q.v * q.v) + sum(q.v) * max(t.x) FROM q CROSS JOIN t WHERE q.k < 3)"
+    got = ctx.sql(f"SELECT k, grad({loss}, q.v) AS g FROM q ORDER BY k").to_pydict()
+    # loss = 3 * sum_{k<3} v^2 + 3 * sum_{k<3} v * 2.0 (three rows of t, max x = 2)
+    assert got["k"] == [1, 2, 3, 4]
+    assert got["g"] == pytest.approx([6 * 0.5 + 6.0, 6 * -1.0 + 6.0, 0.0, 0.0], rel=1e-12)
+    # the same from Parquet (filters pushed into the scan, projections too)
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "q.parquet"
+    pq.write_table(ctx.sql("SELECT * FROM q").to_arrow_table(), path)
+    ctx.register_parquet("qp", str(path))
+    got = ctx.sql(
+        "SELECT tag, grad((SELECT sum(qp.v * qp.v) FROM qp WHERE qp.k > 1), qp.v) AS g "
+        "FROM qp WHERE qp.k <> 3 ORDER BY tag"
+    ).to_pydict()
+    assert got == {"tag": ["a", "b", "d"], "g": pytest.approx([0.0, -2.0, 6.0], rel=1e-12)}

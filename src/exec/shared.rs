@@ -8,6 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::DataFusionError;
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
@@ -15,10 +17,10 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect_partitioned, DisplayAs, DisplayFormatType, ExecutionPlan, SendableRecordBatchStream,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, SendableRecordBatchStream,
 };
 use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use super::kit;
 
@@ -78,7 +80,28 @@ impl Cache {
         };
         let context = Arc::clone(context);
         let pending = async move {
-            let partitions = collect_partitioned(input, Arc::clone(&context)).await?;
+            let size = context.session_config().batch_size();
+            let tasks: Vec<_> = (0..input.output_partitioning().partition_count())
+                .map(|p| {
+                    let stream = input.execute(p, Arc::clone(&context));
+                    SpawnedTask::spawn(async move {
+                        let mut stream = stream?;
+                        let mut kept = Compacted::new(size);
+                        while let Some(batch) = stream.next().await {
+                            kept.push(batch?)?;
+                        }
+                        kept.finish()
+                    })
+                })
+                .collect();
+            let mut partitions = Vec::with_capacity(tasks.len());
+            for task in tasks {
+                let batches = task
+                    .join_unwind()
+                    .await
+                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+                partitions.push(batches);
+            }
             let size = partitions
                 .iter()
                 .flatten()
@@ -95,6 +118,62 @@ impl Cache {
         .shared();
         *slot = Some((iteration, pending.clone()));
         Ok(pending)
+    }
+}
+
+/// A partition's batches as they arrive, with runs of small ones (fewer
+/// than half the batch size in rows) concatenated into batches of about
+/// the batch size: a loop's history arrives as one small batch per
+/// iteration, and each batch kept costs its arrays' buffers and headers
+/// (several KB for a one-row batch of a few columns) and every reader one
+/// more step.
+struct Compacted {
+    size: usize,
+    batches: Vec<RecordBatch>,
+    run: Vec<RecordBatch>,
+    rows: usize,
+}
+
+impl Compacted {
+    fn new(size: usize) -> Self {
+        Self {
+            size,
+            batches: Vec::new(),
+            run: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        if batch.num_rows() >= self.size / 2 {
+            self.flush()?;
+            self.batches.push(batch);
+            return Ok(());
+        }
+        if self.rows + batch.num_rows() > self.size {
+            self.flush()?;
+        }
+        self.rows += batch.num_rows();
+        self.run.push(batch);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        match self.run.len() {
+            0 => {}
+            1 => self.batches.append(&mut self.run),
+            _ => self
+                .batches
+                .push(concat_batches(&self.run[0].schema(), self.run.iter())?),
+        }
+        self.run.clear();
+        self.rows = 0;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Vec<RecordBatch>> {
+        self.flush()?;
+        Ok(self.batches)
     }
 }
 

@@ -17,6 +17,8 @@
 //! - [`dml`]: `UPDATE`/`DELETE` over computed columns;
 //! - [`overwrite`]: `UPDATE` with a gradient with respect to the table's
 //!   own rows, as a replacement of its contents;
+//! - [`scans`]: the scans an optimized plan narrowed, written back whole
+//!   (a plan handed over optimized, as a stock session's planner gets it);
 //! - [`shared`]: subplans read several times (the forward aggregates a
 //!   backward pass reads again), marked to be computed once per query;
 //! - [`iterate`]: recursive queries whose recursive term reads the work
@@ -50,6 +52,7 @@ pub(crate) mod kit;
 pub mod lineage;
 pub mod overwrite;
 pub mod reverse;
+pub mod scans;
 pub mod shared;
 
 use std::sync::Arc;

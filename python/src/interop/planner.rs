@@ -29,10 +29,14 @@ impl QueryPlanner for GradPlanner {
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let ctx = session_over(session);
-        // The caller optimized the plan before handing it over; its common
-        // subexpressions hide base columns the derivative may need.
+        // The caller optimized the plan before handing it over: its common
+        // subexpressions hide base columns the derivative may need, and its
+        // scans of one table, narrowed differently, hide that they read the
+        // same rows (relational reverse mode matches a loss's reads of the
+        // parameter rows by their scan).
+        let plan = adopt_functions(plan.clone(), &ctx)?;
         let plan =
-            datafusion_grad::inline_common_subexpressions(adopt_functions(plan.clone(), &ctx)?)?;
+            datafusion_grad::widen_scans(datafusion_grad::inline_common_subexpressions(plan)?)?;
         let physical = ctx.state().create_physical_plan(&plan).await?;
         Ok(Arc::new(Handoff::new(physical)))
     }

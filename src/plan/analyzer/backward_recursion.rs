@@ -61,8 +61,9 @@ use datafusion::functions_window::expr_fn::{dense_rank, row_number};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    cast, lit, Aggregate, Expr, ExprFunctionExt, Join, JoinConstraint, JoinType, LogicalPlan,
-    LogicalPlanBuilder, Projection, RecursiveQuery, ScalarUDF, SubqueryAlias, TableScanBuilder,
+    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Join, JoinConstraint, JoinType,
+    LogicalPlan, LogicalPlanBuilder, Projection, RecursiveQuery, ScalarUDF, SubqueryAlias,
+    TableScanBuilder,
 };
 use datafusion::optimizer::AnalyzerRule;
 
@@ -670,13 +671,7 @@ impl<'r> Transpose<'r> {
         )?);
         // The work table's rows in its place: the CTE's row of the
         // iteration before, with the backward row's columns after them.
-        let mut exprs: Vec<Expr> = self
-            .state
-            .fields()
-            .iter()
-            .map(|f| col(FORWARD, f.name()).alias(f.name()))
-            .collect();
-        exprs.extend(carried.iter().map(|n| col(&name, n).alias(n)));
+        let mut exprs: Vec<Expr> = carried.iter().map(|n| col(&name, n).alias(n)).collect();
         let aggregates = self.aggregates.len();
         for j in 0..aggregates {
             let previous = previous_aggregate_column(j);
@@ -710,23 +705,38 @@ impl<'r> Transpose<'r> {
             .collect::<Result<_>>()?;
         group.extend(a.group_expr.iter().cloned());
         let vjp = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Vjp, Arc::clone(&self.rules)));
+        let grad = ScalarUDF::new_from_impl(Marker::new(MarkerKind::Grad, Arc::clone(&self.rules)));
+        let ws: Vec<Expr> = self
+            .differentiable
+            .iter()
+            .map(|&c| unalias(&state_in_rows(c)).clone())
+            .collect();
         let mut contributions = Vec::new();
         let mut sums_into: Vec<Vec<String>> = vec![Vec::new(); self.differentiable.len()];
-        for (j, (h, sums)) in self.aggregates.iter().enumerate() {
-            let Some(through) = &self.through[j] else {
-                continue;
+        for sweep in self.sweeps()? {
+            let (j, sums) = (sweep[0], self.aggregates[sweep[0]].1);
+            // One reverse sweep with respect to every column (a struct of
+            // them where there are several): the vector-Jacobian product
+            // of one aggregate's argument, or the gradient of the sum of
+            // several arguments' inner products with their cotangents.
+            let vjps = match &sweep[..] {
+                [j] => {
+                    let cotangent = in_rows(self.through[*j].as_ref().expect("differentiable"))?;
+                    let mut args = vec![self.aggregates[*j].0.clone(), ws[0].clone(), cotangent];
+                    args.extend(ws[1..].iter().cloned());
+                    vjp.call(args)
+                }
+                _ => {
+                    let mut f = Vec::with_capacity(sweep.len());
+                    for &k in &sweep {
+                        let h = self.aggregates[k].0;
+                        let cotangent = in_rows(self.through[k].as_ref().expect("differentiable"))?;
+                        f.push(inner(h.clone(), cotangent, &h.get_type(a.input.schema())?));
+                    }
+                    let f = f.into_iter().reduce(|x, y| x + y).expect("several");
+                    grad.call(std::iter::once(f).chain(ws.iter().cloned()).collect())
+                }
             };
-            // One vector-Jacobian product with respect to every column (a
-            // struct of them where there are several): one reverse sweep.
-            let cotangent = in_rows(through)?;
-            let ws: Vec<Expr> = self
-                .differentiable
-                .iter()
-                .map(|&c| unalias(&state_in_rows(c)).clone())
-                .collect();
-            let mut args = vec![(*h).clone(), ws[0].clone(), cotangent];
-            args.extend(ws[1..].iter().cloned());
-            let vjps = vjp.call(args);
             for (i, &c) in self.differentiable.iter().enumerate() {
                 let field = self.state.field(c);
                 let pulled = match (&ws[..], &ws[i]) {
@@ -794,9 +804,10 @@ impl<'r> Transpose<'r> {
 }
 
 impl Transpose<'_> {
-    /// The step's input with its work table's rows replaced by `exprs`
-    /// (the state's columns, then the columns `carried`) over `rows`, the
-    /// columns `carried` passed up to the aggregate's input.
+    /// The step's input with its work table's rows replaced by the
+    /// state's columns of the CTE's rows in `rows` (aliased `FORWARD`),
+    /// then `exprs` (the columns `carried`), the columns `carried` passed
+    /// up to the aggregate's input.
     fn step_input(
         &self,
         exprs: Vec<Expr>,
@@ -807,9 +818,14 @@ impl Transpose<'_> {
         let LogicalPlan::TableScan(old) = scan else {
             unreachable!("a table scan")
         };
+        let state = self
+            .state
+            .fields()
+            .iter()
+            .map(|f| Expr::Column(Column::new(Some(FORWARD), f.name())).alias(f.name()));
         let replacement = LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
             Arc::new(LogicalPlan::Projection(Projection::try_new(
-                exprs,
+                state.chain(exprs).collect(),
                 Arc::new(rows),
             )?)),
             old.table_name.clone(),
@@ -861,12 +877,7 @@ impl Transpose<'_> {
             ],
         )?
         .build()?;
-        let mut exprs: Vec<Expr> = self
-            .state
-            .fields()
-            .iter()
-            .map(|f| col(FORWARD, f.name()).alias(f.name()))
-            .collect();
+        let mut exprs = Vec::new();
         let mut carried = Vec::new();
         for j in self.differentiable_aggregates() {
             let name = Placeholder::Adjoint.name(j);
@@ -981,6 +992,76 @@ impl Transpose<'_> {
         (0..self.through.len())
             .filter(|&j| self.through[j].is_some())
             .collect()
+    }
+
+    /// The differentiable aggregates, grouped by the reverse sweep that
+    /// pulls their cotangents back through the step's rows. Aggregates
+    /// that sum alike, whose arguments are fields of one struct (the
+    /// parameters' gradients of one `grad(f, w1, b1, …)`, NULL on the same
+    /// rows) and whose cotangents' values read no state column (constants
+    /// to the sweep, see [`value_reads`]) share one:
+    /// `Σ_j AGG(vjp(h_j, s, ḡ_j)) = AGG(∂/∂s Σ_j ⟨h_j, ḡ_j⟩)` over the same
+    /// rows. Each other aggregate has a sweep of its own.
+    fn sweeps(&self) -> Result<Vec<Vec<usize>>> {
+        let mut sweeps: Vec<(Vec<usize>, Option<&Expr>)> = Vec::new();
+        for j in self.differentiable_aggregates() {
+            let (h, sums) = self.aggregates[j];
+            let is_state =
+                |c: &Column| c.relation.is_none() && self.state.index_of_column(c).is_ok();
+            let reads_state =
+                value_reads(self.through[j].as_ref().expect("differentiable"), &is_state)?;
+            let base = match (unalias(h), reads_state) {
+                (Expr::ScalarFunction(f), false) if f.name() == "get_field" => f.args.first(),
+                _ => None,
+            };
+            let shared = sweeps
+                .iter_mut()
+                .find(|(js, b)| base.is_some() && *b == base && self.aggregates[js[0]].1 == sums);
+            match shared {
+                Some((js, _)) => js.push(j),
+                None => sweeps.push((vec![j], base)),
+            }
+        }
+        Ok(sweeps.into_iter().map(|(js, _)| js).collect())
+    }
+}
+
+/// Whether the value of `e` reads a column `is_column` accepts, where it
+/// can change `e` by more than its NULLs and shapes: the engine's NULL
+/// guards (`CASE WHEN w IS NULL … THEN NULL ELSE … END`) and the tensors it
+/// shapes like another (`fill_like(w, 1)`, `zeros_like(w)`) read a column
+/// for its NULLs or its shape alone, which no derivative sees.
+fn value_reads(e: &Expr, is_column: &impl Fn(&Column) -> bool) -> Result<bool> {
+    Ok(match e {
+        Expr::IsNull(_) | Expr::IsNotNull(_) => false,
+        Expr::Column(c) => is_column(c),
+        Expr::ScalarFunction(f) if matches!(f.name(), "fill_like" | "zeros_like") => {
+            let mut reads = false;
+            for a in f.args.iter().skip(1) {
+                reads |= value_reads(a, is_column)?;
+            }
+            reads
+        }
+        _ => {
+            let mut reads = false;
+            e.apply_children(|child| {
+                reads |= value_reads(child, is_column)?;
+                Ok(match reads {
+                    true => TreeNodeRecursion::Stop,
+                    false => TreeNodeRecursion::Continue,
+                })
+            })?;
+            reads
+        }
+    })
+}
+
+/// `⟨h, u⟩` for values of type `t`: their product, or for tensors the sum
+/// of their elementwise product.
+fn inner(h: Expr, u: Expr, t: &DataType) -> Expr {
+    match Shape::is_tensor_type(t) {
+        true => tensor::call("tensor_total", vec![tensor::call("tensor_mul", vec![h, u])]),
+        false => h * u,
     }
 }
 
