@@ -499,3 +499,61 @@ async fn first_row_from_a_parquet_table() -> Result<()> {
     assert_close(&values(df).await?, &[13.478965302991233]);
     Ok(())
 }
+
+/// Reverse mode through a training loop whose step averages the fields of
+/// one `grad(loss, w, b)` (a tensor and a number): one reverse sweep pulls
+/// both aggregates' cotangents back (one contribution set in the backward
+/// plan, not one per aggregate), with forward mode's numbers.
+#[tokio::test]
+async fn reverse_mode_pulls_the_fields_of_one_grad_back_in_one_sweep() -> Result<()> {
+    let ctx = datafusion_grad::session_context();
+    ctx.sql(
+        "CREATE TABLE tr AS SELECT tensor([sin(value * 1.0), cos(value * 0.7)], 2) AS x, \
+         sin(value * 0.3) AS y FROM generate_series(1, 20)",
+    )
+    .await?
+    .collect()
+    .await?;
+    let query = "WITH RECURSIVE train(step, w, b, w0) AS ( \
+        SELECT 0, w0 AS w, CAST(0.1 AS DOUBLE), w0 FROM (SELECT tensor([0.2, -0.1], 2) AS w0) i \
+        UNION ALL \
+        SELECT step + 1, tensor_sub(w, scale(tensor_avg(g['w']), 0.5)), b - 0.5 * avg(g['b']), w0 \
+        FROM (SELECT step, w, b, w0, grad(power(tanh(dot(w, x) + b) - y, 2), w, b) AS g \
+              FROM train CROSS JOIN tr WHERE step < 5) \
+        GROUP BY step, w, b, w0) \
+      SELECT tensor_total(grad(tensor_total(tensor_mul(w, w)) + b * b, w0)) AS g, \
+             tensor_total(tensor_mul(grad(tensor_total(tensor_mul(w, w)) + b * b, w0), tensor([1.0, -2.0], 2))) AS h \
+      FROM train WHERE step = 5";
+    let mut got = Vec::new();
+    for mode in ["forward", "reverse"] {
+        ctx.sql(&format!("SET datafusion_grad.recursion_mode = '{mode}'"))
+            .await?
+            .collect()
+            .await?;
+        let df = ctx.sql(query).await?;
+        let batches = df.collect().await?;
+        let col = |i: usize| -> f64 {
+            let a = batches[0].column(i).as_any().downcast_ref::<Float64Array>();
+            a.expect("a DOUBLE column").value(0)
+        };
+        got.push((col(0), col(1)));
+    }
+    let (forward, reverse) = (got[0], got[1]);
+    assert!(forward.0 != 0.0 && forward.1 != 0.0, "{forward:?}");
+    assert_close(&[reverse.0, reverse.1], &[forward.0, forward.1]);
+    let explain = ctx
+        .sql(&format!("EXPLAIN VERBOSE {query}"))
+        .await?
+        .collect()
+        .await?;
+    let text: String = explain
+        .iter()
+        .map(|b| format!("{:?}", b.column(1)))
+        .collect();
+    assert!(text.contains("__dfgrad_contribution0_"), "no backward step");
+    assert!(
+        !text.contains("__dfgrad_contribution1_"),
+        "a sweep per aggregate"
+    );
+    Ok(())
+}

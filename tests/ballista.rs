@@ -11,8 +11,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::array::{Array, FixedSizeListArray, Float64Array, Int64Array};
+use datafusion::arrow::array::{Array, AsArray, Float64Array, Int64Array};
 use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{Float64Type, Int64Type};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -281,17 +282,11 @@ async fn check_reverse_through_loops(
         set(ctx, "datafusion_grad.recursion_mode = 'auto'").await?;
     }
     let tensor = |b: &RecordBatch| -> Vec<f64> {
-        let list = b
-            .column(1)
-            .as_any()
-            .downcast_ref::<FixedSizeListArray>()
-            .unwrap();
-        let values = list
+        let list = b.column(1).as_fixed_size_list();
+        list.values()
+            .as_primitive::<Float64Type>()
             .values()
-            .as_any()
-            .downcast_ref::<Float64Array>()
-            .unwrap();
-        values.values().to_vec()
+            .to_vec()
     };
     let close = |a: &[f64], b: &[f64]| {
         a.len() == b.len()
@@ -307,16 +302,8 @@ async fn check_reverse_through_loops(
     let expected = rows(local, VALUATION).await?;
     let got = rows(remote, VALUATION).await?;
     assert_same(VALUATION, &expected, &got);
-    let n = expected
-        .column(0)
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .unwrap();
-    let m = expected
-        .column(2)
-        .as_any()
-        .downcast_ref::<Float64Array>()
-        .unwrap();
+    let n = expected.column(0).as_primitive::<Int64Type>();
+    let m = expected.column(2).as_primitive::<Float64Type>();
     assert_eq!(n.value(0), ROWS * FILES);
     assert!(m.value(0) > 0.0, "every row's derivative is 0");
     Ok(())
