@@ -308,6 +308,10 @@ def test_gradient_with_respect_to_a_tables_rows_through_the_planner(ctx, tmp_pat
     # loss = 3 * sum_{k<3} v^2 + 3 * sum_{k<3} v * 2.0 (three rows of t, max x = 2)
     assert got["k"] == [1, 2, 3, 4]
     assert got["g"] == pytest.approx([6 * 0.5 + 6.0, 6 * -1.0 + 6.0, 0.0, 0.0], rel=1e-12)
+    # rows told apart by columns the query does not read (k, tag): the
+    # optimizer pruned them from the scan, the planner brings them back
+    got = ctx.sql("SELECT grad((SELECT sum(q.v * q.v) FROM q), q.v) AS g FROM q").to_pydict()["g"]
+    assert sorted(got) == pytest.approx([-2.0, 1.0, 4.0, 6.0], rel=1e-12)
     # the same from Parquet (filters pushed into the scan, projections too)
     pq = pytest.importorskip("pyarrow.parquet")
     path = tmp_path / "q.parquet"
