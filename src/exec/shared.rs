@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::DataFusionError;
 use datafusion::error::Result;
@@ -86,11 +86,22 @@ impl Cache {
                     let stream = input.execute(p, Arc::clone(&context));
                     SpawnedTask::spawn(async move {
                         let mut stream = stream?;
-                        let mut kept = Compacted::new(size);
+                        // Kept compacted: a loop's history arrives as one
+                        // small batch per iteration, and each batch kept
+                        // costs its arrays' buffers and headers (several KB
+                        // for a one-row batch) and every reader one more
+                        // step. Batches of half the batch size or more are
+                        // kept as they are.
+                        let mut kept = BatchCoalescer::new(stream.schema(), size)
+                            .with_biggest_coalesce_batch_size(Some(size / 2));
+                        let mut batches = Vec::new();
                         while let Some(batch) = stream.next().await {
-                            kept.push(batch?)?;
+                            kept.push_batch(batch?)?;
+                            batches.extend(std::iter::from_fn(|| kept.next_completed_batch()));
                         }
-                        kept.finish()
+                        kept.finish_buffered_batch()?;
+                        batches.extend(std::iter::from_fn(|| kept.next_completed_batch()));
+                        Ok::<_, DataFusionError>(batches)
                     })
                 })
                 .collect();
@@ -118,62 +129,6 @@ impl Cache {
         .shared();
         *slot = Some((iteration, pending.clone()));
         Ok(pending)
-    }
-}
-
-/// A partition's batches as they arrive, with runs of small ones (fewer
-/// than half the batch size in rows) concatenated into batches of about
-/// the batch size: a loop's history arrives as one small batch per
-/// iteration, and each batch kept costs its arrays' buffers and headers
-/// (several KB for a one-row batch of a few columns) and every reader one
-/// more step.
-struct Compacted {
-    size: usize,
-    batches: Vec<RecordBatch>,
-    run: Vec<RecordBatch>,
-    rows: usize,
-}
-
-impl Compacted {
-    fn new(size: usize) -> Self {
-        Self {
-            size,
-            batches: Vec::new(),
-            run: Vec::new(),
-            rows: 0,
-        }
-    }
-
-    fn push(&mut self, batch: RecordBatch) -> Result<()> {
-        if batch.num_rows() >= self.size / 2 {
-            self.flush()?;
-            self.batches.push(batch);
-            return Ok(());
-        }
-        if self.rows + batch.num_rows() > self.size {
-            self.flush()?;
-        }
-        self.rows += batch.num_rows();
-        self.run.push(batch);
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<()> {
-        match self.run.len() {
-            0 => {}
-            1 => self.batches.append(&mut self.run),
-            _ => self
-                .batches
-                .push(concat_batches(&self.run[0].schema(), self.run.iter())?),
-        }
-        self.run.clear();
-        self.rows = 0;
-        Ok(())
-    }
-
-    fn finish(mut self) -> Result<Vec<RecordBatch>> {
-        self.flush()?;
-        Ok(self.batches)
     }
 }
 

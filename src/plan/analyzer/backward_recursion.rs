@@ -76,6 +76,7 @@ use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{origin_of, Scope};
+use crate::plan::reverse::inner;
 use crate::plan::shared::{share, unshared};
 use crate::plan::{columns, left_join_by_identity, unalias};
 use crate::reserved::{
@@ -1004,10 +1005,9 @@ impl Transpose<'_> {
     /// rows. Each other aggregate has a sweep of its own.
     fn sweeps(&self) -> Result<Vec<Vec<usize>>> {
         let mut sweeps: Vec<(Vec<usize>, Option<&Expr>)> = Vec::new();
+        let is_state = |c: &Column| c.relation.is_none() && self.state.index_of_column(c).is_ok();
         for j in self.differentiable_aggregates() {
             let (h, sums) = self.aggregates[j];
-            let is_state =
-                |c: &Column| c.relation.is_none() && self.state.index_of_column(c).is_ok();
             let reads_state =
                 value_reads(self.through[j].as_ref().expect("differentiable"), &is_state)?;
             let base = match (unalias(h), reads_state) {
@@ -1054,15 +1054,6 @@ fn value_reads(e: &Expr, is_column: &impl Fn(&Column) -> bool) -> Result<bool> {
             reads
         }
     })
-}
-
-/// `⟨h, u⟩` for values of type `t`: their product, or for tensors the sum
-/// of their elementwise product.
-fn inner(h: Expr, u: Expr, t: &DataType) -> Expr {
-    match Shape::is_tensor_type(t) {
-        true => tensor::call("tensor_total", vec![tensor::call("tensor_mul", vec![h, u])]),
-        false => h * u,
-    }
 }
 
 /// `r` (whose recursive term is the aggregating `step`) with each row's

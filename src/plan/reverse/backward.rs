@@ -600,7 +600,7 @@ pub(super) fn sum(e: Expr) -> Expr {
 
 /// `⟨a, v⟩` for values of type `t`: their product, or for tensors the sum
 /// of their elementwise product.
-fn inner(a: Expr, v: Expr, t: &DataType) -> Expr {
+pub(crate) fn inner(a: Expr, v: Expr, t: &DataType) -> Expr {
     match Shape::is_tensor_type(t) {
         true => tensor::call("tensor_total", vec![tensor::call("tensor_mul", vec![a, v])]),
         false => a * v,

@@ -51,8 +51,9 @@ use datafusion::optimizer::decorrelate_predicate_subquery::DecorrelatePredicateS
 use datafusion::optimizer::scalar_subquery_to_join::ScalarSubqueryToJoin;
 use datafusion::optimizer::{Optimizer, OptimizerContext, OptimizerRule};
 
-use backward::{Backward, Seed};
 #[cfg(feature = "ballista")]
+pub(crate) use backward::inner;
+use backward::{Backward, Seed};
 pub(crate) use group_join::plain_group_joins;
 pub(crate) use group_join::{as_group_join, GroupJoin};
 pub(crate) use row_check::plain_check;
