@@ -33,6 +33,9 @@
 //! bit for bit, as computing the part again. A Parquet file of one row group
 //! is then also read by every core ([`super::split_scan`]).
 //!
+//! A hash join with one loop-invariant side builds its hash table over that
+//! side once for all iterations too ([`super::kept_join`]).
+//!
 //! ```sql
 //! SET datafusion_grad.cache_loop_invariants = false; -- read the data every iteration
 //! ```
@@ -73,6 +76,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::iterate::IterationScanExec;
+use super::kept_join::keep_build_sides;
 use super::kit;
 use super::shared::SharedExec;
 use super::split_scan::split_file_scans;
@@ -80,7 +84,8 @@ use super::{rewrite_down, rewrite_recursive_terms, Visit};
 use crate::options::GradOptions;
 
 /// The physical optimizer rule that keeps the loop-invariant parts of
-/// recursive terms across iterations (see the [module docs](self);
+/// recursive terms, and the hash tables of joins over them, across
+/// iterations (see the [module docs](self);
 /// registered by [`crate::register`]; off with
 /// `SET datafusion_grad.cache_loop_invariants = false`).
 #[derive(Debug, Default)]
@@ -97,7 +102,8 @@ impl PhysicalOptimizerRule for LoopInvariants {
             return Ok(plan);
         }
         let cores = config.execution.target_partitions.max(1);
-        rewrite_recursive_terms(plan, &move |term| keep_invariants(term, cores, false))
+        let plan = rewrite_recursive_terms(plan, &move |term| keep_invariants(term, cores, false))?;
+        rewrite_recursive_terms(plan, &keep_build_sides)
     }
 
     fn name(&self) -> &str {

@@ -17,6 +17,8 @@
 //!   progress;
 //! - [`loop_invariant`]: the parts of a recursive term that do not read the
 //!   work table (a training loop's data), computed once for all iterations;
+//! - [`kept_join`]: a recursive term's hash join over such a part, its hash
+//!   table built once for all iterations;
 //! - [`split_scan`]: a loop's data file of one row group read by every
 //!   core;
 //! - [`serial_iterations`]: the rows an iteration passes on kept in their
@@ -38,6 +40,7 @@ pub mod contraction;
 pub mod group_join;
 pub mod iterate;
 pub mod iterations;
+pub mod kept_join;
 pub(crate) mod kit;
 pub mod loop_invariant;
 pub mod overwrite;

@@ -20,7 +20,7 @@ use datafusion::error::Result;
 /// Whether values of `data_type` can be numbered: equality of their row
 /// encoding (or of their integer value) is SQL equality, with no value
 /// equal to another that is written differently (unlike floats' `-0.0`).
-pub(super) fn supported(data_type: &DataType) -> bool {
+pub fn supported(data_type: &DataType) -> bool {
     integer(data_type)
         || matches!(
             data_type,
