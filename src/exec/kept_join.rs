@@ -56,7 +56,7 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, take};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_err, JoinType, NullEquality};
+use datafusion::common::{internal_err, not_impl_err, JoinType, NullEquality};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
@@ -389,6 +389,13 @@ async fn build(
     let _timer = metrics.build_time.timer();
     let rows = concat_batches(&left.schema(), &batches)?;
     drop(batches);
+    if rows.num_rows() >= NONE as usize {
+        return not_impl_err!(
+            "a kept hash join's build side of {} rows (at most {} are numbered)",
+            rows.num_rows(),
+            NONE - 1
+        );
+    }
     metrics.build_input_rows.add(rows.num_rows());
     let keys = keys(join.on().iter().map(|(l, _)| Arc::clone(l)), &rows)?;
     let types: Vec<_> = keys.iter().map(|k| k.data_type().clone()).collect();
@@ -470,10 +477,10 @@ fn join_batch(join: &HashJoinExec, table: &Table, probe: &RecordBatch) -> Result
             .collect(),
         None => columns,
     };
-    let rows = RecordBatchOptions::new().with_row_count(Some(rows));
+    let options = RecordBatchOptions::new().with_row_count(Some(rows));
     Ok(RecordBatch::try_new_with_options(
         join.schema(),
         columns,
-        &rows,
+        &options,
     )?)
 }
