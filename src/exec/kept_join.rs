@@ -22,7 +22,9 @@
 //! [`Numbering`](super::contraction::numbering::Numbering): integer keys
 //! through a hash table of their values or directly, others through their
 //! row encoding), and every copy of the operator that an iteration's reset
-//! makes shares that table and only probes it with its own rows. (Not
+//! makes shares that table and only probes it with its own rows; the
+//! side's rows are kept by the table alone (no `LoopInvariantExec` keeps
+//! them a second time). (Not
 //! DataFusion's `HashJoinExec` kept across iterations: it registers new
 //! metrics at every execution, which then grew with the iterations.)
 //!
@@ -77,7 +79,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use super::contraction::numbering::{supported, Nulls, Numbering, NONE};
-use super::loop_invariant::is_invariant;
+use super::loop_invariant::{is_invariant, LoopInvariantExec};
 
 /// `term` (a recursive term) with each hash join of exactly one
 /// loop-invariant side that qualifies replaced by a [`KeptHashJoinExec`]
@@ -134,15 +136,9 @@ fn kept(
             let Some(j) = n.downcast_ref::<HashJoinExec>() else {
                 return Ok(Transformed::no(n));
             };
-            let build = Arc::clone(j.left());
-            let build: Arc<dyn ExecutionPlan> = match build.output_partitioning().partition_count()
-            {
-                1 => build,
-                _ => Arc::new(CoalescePartitionsExec::new(build)),
-            };
             let j = j
                 .builder()
-                .with_new_children(vec![build, Arc::clone(j.right())])?
+                .with_new_children(vec![read_once(j.left()), Arc::clone(j.right())])?
                 .build()?;
             Ok(Transformed::new(
                 Arc::new(KeptHashJoinExec::new(j)) as Arc<dyn ExecutionPlan>,
@@ -164,6 +160,25 @@ fn kept(
     } else {
         new
     }))
+}
+
+/// A kept join's build side, which it reads once, collected into one
+/// partition: without a [`LoopInvariantExec`] at its top (the join's table
+/// keeps its rows; kept twice, they would take twice the memory), nor a
+/// repartition below it (its partitions are merged).
+fn read_once(build: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    let build = match build.downcast_ref::<LoopInvariantExec>() {
+        Some(kept) => Arc::clone(kept.input()),
+        None => Arc::clone(build),
+    };
+    let build = match build.downcast_ref::<RepartitionExec>() {
+        Some(r) if !r.preserve_order() => Arc::clone(r.input()),
+        _ => build,
+    };
+    match build.output_partitioning().partition_count() {
+        1 => build,
+        _ => Arc::new(CoalescePartitionsExec::new(build)),
+    }
 }
 
 /// Whether `join`'s keys have the same types on both sides, each one that a

@@ -327,6 +327,11 @@ impl fmt::Debug for LoopInvariantExec {
 }
 
 impl LoopInvariantExec {
+    /// The part kept across iterations.
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+
     /// `input` kept across iterations; `may_widen`: whether its output may
     /// have `cores` partitions where it has fewer.
     fn new(input: Arc<dyn ExecutionPlan>, cores: usize, may_widen: bool) -> Self {
