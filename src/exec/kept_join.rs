@@ -72,7 +72,7 @@ use datafusion::physical_plan::metrics::{
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
     InputDistributionRequirements, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 use futures::{StreamExt, TryStreamExt};
@@ -383,8 +383,8 @@ impl ExecutionPlan for KeptHashJoinExec {
 }
 
 /// The values of `exprs` over `batch`.
-fn keys(
-    exprs: impl Iterator<Item = Arc<dyn PhysicalExpr>>,
+fn keys<'a>(
+    exprs: impl Iterator<Item = &'a Arc<dyn PhysicalExpr>>,
     batch: &RecordBatch,
 ) -> Result<Vec<ArrayRef>> {
     exprs
@@ -399,9 +399,22 @@ async fn build(
     metrics: &Metrics,
     context: Arc<TaskContext>,
 ) -> Result<Arc<Table>> {
-    let left = Arc::clone(join.left());
-    let batches = collect(Arc::clone(&left), Arc::clone(&context)).await?;
+    // Within the pool as the rows arrive (no `LoopInvariantExec` below
+    // accounts for them: see `read_once`), and for their one-batch copy.
+    let memory = MemoryConsumer::new("KeptHashJoinExec").register(context.memory_pool());
+    let left = join.left();
+    if left.output_partitioning().partition_count() != 1 {
+        return internal_err!("a kept hash join's build side is one partition");
+    }
+    let mut stream = left.execute(0, context)?;
+    let mut batches = Vec::new();
+    while let Some(batch) = stream.next().await {
+        let batch = batch?;
+        memory.try_grow(batch.get_array_memory_size())?;
+        batches.push(batch);
+    }
     let _timer = metrics.build_time.timer();
+    memory.try_grow(memory.size())?;
     let rows = concat_batches(&left.schema(), &batches)?;
     drop(batches);
     if rows.num_rows() >= NONE as usize {
@@ -412,7 +425,7 @@ async fn build(
         );
     }
     metrics.build_input_rows.add(rows.num_rows());
-    let keys = keys(join.on().iter().map(|(l, _)| Arc::clone(l)), &rows)?;
+    let keys = keys(join.on().iter().map(|(l, _)| l), &rows)?;
     let types: Vec<_> = keys.iter().map(|k| k.data_type().clone()).collect();
     let nulls = match join.null_equality() {
         NullEquality::NullEqualsNothing => Nulls::Unmatched,
@@ -430,8 +443,7 @@ async fn build(
             first[number as usize] = row as u32;
         }
     }
-    let memory = MemoryConsumer::new("KeptHashJoinExec").register(context.memory_pool());
-    memory.try_grow(
+    memory.try_resize(
         rows.get_array_memory_size() + numbering.size() + 4 * (first.len() + next.len()),
     )?;
     Ok(Arc::new(Table {
@@ -445,7 +457,7 @@ async fn build(
 
 /// The rows `join` gives for one batch of its probe (right) side.
 fn join_batch(join: &HashJoinExec, table: &Table, probe: &RecordBatch) -> Result<RecordBatch> {
-    let keys = keys(join.on().iter().map(|(_, r)| Arc::clone(r)), probe)?;
+    let keys = keys(join.on().iter().map(|(_, r)| r), probe)?;
     let mut numbers = Vec::with_capacity(probe.num_rows());
     table.numbering.find(&keys, &mut numbers)?;
     let (rows, columns): (usize, Vec<ArrayRef>) = match join.join_type() {
