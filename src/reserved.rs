@@ -22,6 +22,7 @@
 //! | `__dfgrad_leaf{k}` | qualifier of an input of a relational block in the backward pass ([`crate::plan::reverse`]) |
 //! | `__dfgrad_c{i}`, `__dfgrad_present` | column `i` of such an input, and its marker of a row that is there (not padded by an outer join) |
 //! | `__dfgrad_adj{i}`, `__dfgrad_term{i}`, `__dfgrad_d{k}`, `__dfgrad_key{j}` | adjoints (of an output, of a term), partial derivatives and group or row keys of the backward pass |
+//! | `__dfgrad_on{k}`, `__dfgrad_summed{k}` | the join keys and sums of a partial's factor summed over a join's other side (a contraction in the backward pass) |
 //! | `__dfgrad_seed`, `__dfgrad_stats` | qualifiers of a group's adjoints and of its statistics while they are joined |
 //! | `__dfgrad_gradient`, `__dfgrad_table{k}` | a gradient table's derivative column, and the table's qualifier where it is joined |
 //! | `__dfgrad_updated` | whether a row of an `UPDATE` overwriting its table was updated ([`crate::plan::overwrite`]) |
@@ -71,6 +72,12 @@ pub enum Placeholder {
     Term,
     /// A `WHERE` clause's derivative computed below it (`__dfgrad_where{k}`).
     Where,
+    /// A join key of a partial summed over a join's other side
+    /// (`__dfgrad_on{k}`).
+    JoinKey,
+    /// A partial's factor summed over a join's other side
+    /// (`__dfgrad_summed{k}`).
+    Contracted,
 }
 
 impl Placeholder {
@@ -92,6 +99,8 @@ impl Placeholder {
             Placeholder::Key => "__dfgrad_key",
             Placeholder::Term => "__dfgrad_term",
             Placeholder::Where => "__dfgrad_where",
+            Placeholder::JoinKey => "__dfgrad_on",
+            Placeholder::Contracted => "__dfgrad_summed",
         }
     }
 

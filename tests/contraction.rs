@@ -210,11 +210,13 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
 }
 
 /// The gradient of `Σ y²`, `y = Σ x.v·w.v` over `x JOIN w GROUP BY x.a,
-/// w.b`, with respect to every row of `w` (`2·Xᵀ·Y` where nothing is NULL),
-/// against the sums written out here with SQL's
-/// rules: NULL keys match nothing, a NULL product is not added, a group of
-/// NULL products is NULL and sends nothing, duplicate rows count twice, a
-/// NULL weight has a NULL gradient.
+/// w.b`, with respect to every row of `w` (`2·Xᵀ·Y` where nothing is NULL)
+/// and of `x` (`2·Y·Wᵀ`), against the sums written out here with SQL's
+/// rules: NULL keys match nothing, NULL group keys are one group, a NULL
+/// product is not added, a group of NULL products is NULL and sends
+/// nothing, duplicate rows count twice, a NULL value has a NULL gradient.
+/// Both backward passes run as contractions (`ContractionExec` in the
+/// plan; the forward aggregate is shared, out of sight).
 #[tokio::test]
 async fn gradients_of_a_product_are_its_sums() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(4747);
@@ -277,6 +279,22 @@ async fn gradients_of_a_product_are_its_sums() -> Result<()> {
                 Some(g)
             })
             .collect();
+        let expected_x: Vec<Option<f64>> = (x.iter())
+            .map(|&(a, b, xv)| {
+                xv?;
+                let mut g = 0.0;
+                for &(k, j, wv) in &w {
+                    if let (Some(b), Some(k), Some(wv)) = (b, k, wv) {
+                        if b == k {
+                            if let Some(Some(y)) = y.get(&(a, j)) {
+                                g += 2.0 * y * wv;
+                            }
+                        }
+                    }
+                }
+                Some(g)
+            })
+            .collect();
 
         let int = |values: Vec<Option<i64>>| Arc::new(Int64Array::from(values)) as ArrayRef;
         let float = |values: Vec<Option<f64>>| Arc::new(Float64Array::from(values)) as ArrayRef;
@@ -287,12 +305,16 @@ async fn gradients_of_a_product_are_its_sums() -> Result<()> {
                 Field::new("v", DataType::Float64, true),
             ]))
         };
+        // x's rows told apart by `i`
+        let mut x_fields = schema(true).fields().to_vec();
+        x_fields.push(Arc::new(Field::new("i", DataType::Int64, false)));
         let xs = RecordBatch::try_new(
-            schema(true),
+            Arc::new(Schema::new(x_fields)),
             vec![
                 int(x.iter().map(|r| r.0).collect()),
                 int(x.iter().map(|r| r.1).collect()),
                 float(x.iter().map(|r| r.2).collect()),
+                int((0..x.len() as i64).map(Some).collect()),
             ],
         )?;
         let ws = RecordBatch::try_new(
@@ -317,6 +339,8 @@ async fn gradients_of_a_product_are_its_sums() -> Result<()> {
         .await?;
         let sql = "SELECT w.a, w.b, w.v, grad((SELECT loss FROM l), w.v) AS g FROM w";
         let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        let shown = displayable(plan.as_ref()).indent(false).to_string();
+        assert!(shown.contains("ContractionExec"), "case {case}: {shown}");
         let mut got: BTreeMap<(Option<i64>, i64), Option<f64>> = BTreeMap::new();
         for batch in collect(plan, ctx.task_ctx()).await? {
             let col = |c: usize| {
@@ -346,6 +370,34 @@ async fn gradients_of_a_product_are_its_sums() -> Result<()> {
                 _ => false,
             };
             assert!(same, "case {case}, w row ({k:?}, {j}): {g:?} vs {e:?}");
+        }
+        let sql = "SELECT x.i, grad((SELECT loss FROM l), x.v) AS g FROM x";
+        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
+        let shown = displayable(plan.as_ref()).indent(false).to_string();
+        assert!(shown.contains("ContractionExec"), "case {case}: {shown}");
+        let mut got = vec![None; x.len()];
+        for batch in collect(plan, ctx.task_ctx()).await? {
+            let i = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            let g = batch
+                .column(1)
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap();
+            for row in 0..batch.num_rows() {
+                got[i.value(row) as usize] = Some(g.is_valid(row).then(|| g.value(row)));
+            }
+        }
+        for (i, e) in expected_x.iter().enumerate() {
+            let same = match (got[i].expect("every row of x"), e) {
+                (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(same, "case {case}, x row {i}: {:?} vs {e:?}", got[i]);
         }
     }
     Ok(())

@@ -19,9 +19,10 @@
 //! product). The final aggregate above merges its partial sums as before.
 //!
 //! The answer is the join + aggregate's: a group exists only where a joined
-//! row does; NULL keys match nothing; a row counts as often as it occurs;
-//! a product with a NULL factor is not added, and a group no non-NULL
-//! product reached sums to NULL. Only what these rules cover is replaced —
+//! row does; NULL keys match nothing (or, under `IS NOT DISTINCT FROM`,
+//! each other); a row counts as often as it occurs; a product with a NULL
+//! factor is not added, and a group no non-NULL product reached sums to
+//! NULL. Only what these rules cover is replaced —
 //! an inner hash join without a filter, keys and group columns of integer
 //! or string types (SQL equality is their encoding's), `GROUP BY` plain
 //! columns without grouping sets, and every aggregate a `sum` of a `Float64`
@@ -195,6 +196,9 @@ struct Spec {
     /// Each output group column: the side it comes from, and its place
     /// among that side's group columns.
     group_order: Vec<(Side, usize)>,
+    /// Whether NULL join keys match each other (`IS NOT DISTINCT FROM`)
+    /// or nothing.
+    nulls: Nulls,
     schema: SchemaRef,
 }
 
@@ -287,7 +291,6 @@ impl ContractionExec {
         };
         let inner = *join.join_type() == JoinType::Inner
             && join.filter().is_none()
-            && join.null_equality() == NullEquality::NullEqualsNothing
             && !join.null_aware
             && join.fetch().is_none()
             && matches!(
@@ -367,6 +370,10 @@ impl ContractionExec {
             build,
             probe,
             group_order,
+            nulls: match join.null_equality() {
+                NullEquality::NullEqualsNothing => Nulls::Unmatched,
+                NullEquality::NullEqualsNull => Nulls::Grouped,
+            },
             schema,
         };
         Ok(Some(Self::new(
@@ -597,7 +604,7 @@ impl Build {
             .iter()
             .map(|k| k.data_type(&schema))
             .collect::<Result<Vec<_>>>()?;
-        let mut keys = Numbering::new(&types, Nulls::Unmatched)?;
+        let mut keys = Numbering::new(&types, spec.nulls)?;
         let mut groups = spec.build.group_numbering(&schema)?;
         let aggregates = spec.build.factors.len();
         let memory =
@@ -825,7 +832,11 @@ impl DisplayAs for ContractionExec {
             group_names.join(", "),
             sums.join(", "),
             on.join(", "),
-        )
+        )?;
+        match self.spec.nulls {
+            Nulls::Grouped => write!(f, ", NullsEqual: true"),
+            Nulls::Unmatched => Ok(()),
+        }
     }
 }
 

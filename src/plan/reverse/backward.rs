@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, NullEquality, ScalarValue};
+use datafusion::common::{Column, NullEquality, ScalarValue, TableReference};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
@@ -40,6 +40,7 @@ use datafusion::logical_expr::{
 };
 
 use super::block::{Alternative, Blocks, LeafKind};
+use super::factored;
 use crate::engine::{differentiate, Seed as Sweep};
 use crate::error::{fail, GradError};
 use crate::plan::shared::{share, unshared};
@@ -161,12 +162,12 @@ impl<'a> Backward<'a> {
                 .data)
         };
         let mut rows = alt.rows.clone();
+        let mut seed_keys = vec![];
         if let Some((relation, keys)) = &seed.relation {
-            let pairs = keys
-                .iter()
-                .enumerate()
-                .map(|(j, k)| Ok((Placeholder::Key.column(j), over_rows(k)?)))
-                .collect::<Result<Vec<_>>>()?;
+            seed_keys = keys.iter().map(over_rows).collect::<Result<Vec<_>>>()?;
+            let pairs = (seed_keys.iter().enumerate())
+                .map(|(j, k)| (Placeholder::Key.column(j), k.clone()))
+                .collect();
             // The adjoints (one per group) on the build side, the rows
             // (as many as the group's inputs) probing them.
             rows = key_join(relation.clone(), rows, pairs, JoinType::Inner)?;
@@ -174,8 +175,10 @@ impl<'a> Backward<'a> {
         // The adjoints as columns: constants to the engine.
         let mut exprs = columns(&rows);
         let mut f: Option<Expr> = None;
+        let mut adjoints = Vec::with_capacity(seed.terms.len());
         for (i, (value, adjoint)) in seed.terms.iter().enumerate() {
-            exprs.push(over_rows(adjoint)?.alias(Placeholder::Term.name(i)));
+            adjoints.push(over_rows(adjoint)?);
+            exprs.push(adjoints[i].clone().alias(Placeholder::Term.name(i)));
             let t = value.get_type(schema.as_ref())?;
             let term = inner(Placeholder::Term.column(i), over_rows(value)?, &t);
             f = Some(match f {
@@ -217,16 +220,49 @@ impl<'a> Backward<'a> {
         }
         let derivative = differentiate(&f, &wrt, Sweep::Grad, weighted.schema(), self.rules)?;
         let mut exprs = columns(&weighted);
-        for (n, d) in derivative.exprs.into_iter().enumerate() {
-            exprs.push(d.alias(Placeholder::Partial.name(n)));
+        for (n, d) in derivative.exprs.iter().enumerate() {
+            exprs.push(d.clone().alias(Placeholder::Partial.name(n)));
         }
         let partials = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(weighted))?);
+        let seed_relation = (seed.relation.as_ref()).map(|(r, _)| (r, seed_keys.as_slice()));
         for (k, start, indexes) in spans {
             let leaf = self.blocks.leaves[k].clone();
-            let there = LogicalPlan::Filter(Filter::try_new(
-                leaf.present().is_not_null(),
-                Arc::new(partials.clone()),
-            )?);
+            // Summed over the other leaf first where the block is a
+            // contraction; else every row of the block.
+            let floats = indexes
+                .iter()
+                .all(|&i| leaf.plan.schema().field(i).data_type() == &DataType::Float64);
+            let contracted = match floats && alt.leaves.len() == 2 {
+                true => {
+                    let of = |n: usize| -> Result<(String, Expr)> {
+                        let d = Placeholder::Term.fill(derivative.exprs[n].clone(), &adjoints)?;
+                        Ok((Placeholder::Partial.name(n), d))
+                    };
+                    let partials = (start..start + indexes.len())
+                        .map(of)
+                        .collect::<Result<Vec<_>>>()?;
+                    let is_leaf = |q: &TableReference| {
+                        alt.leaves
+                            .iter()
+                            .any(|&l| self.blocks.leaves[l].qualifier == *q)
+                    };
+                    factored::summed_per_row(
+                        &alt.rows,
+                        &leaf.qualifier,
+                        seed_relation,
+                        &partials,
+                        is_leaf,
+                    )?
+                }
+                false => None,
+            };
+            let there = match contracted {
+                Some(rows) => rows,
+                None => LogicalPlan::Filter(Filter::try_new(
+                    leaf.present().is_not_null(),
+                    Arc::new(partials.clone()),
+                )?),
+            };
             let partial = |n: usize| {
                 let t = leaf.plan.schema().field(indexes[n]).data_type();
                 total(Placeholder::Partial.column(start + n), t)

@@ -13,7 +13,10 @@
 //! sweep; filter: the kept rows; join: the partials summed per side's row;
 //! GROUP BY aggregates: the group's adjoint sent to its rows by the
 //! transpose rules of [`crate::rules::transpose`]; `UNION ALL`: split; a
-//! relation read several times: summed).
+//! relation read several times: summed). Where a block is two inputs
+//! joined and a partial is a product of one factor per input, the partials
+//! are summed over the other input first, as a contraction (child module
+//! `factored`), without the joined rows.
 //!
 //! Conditions (`WHERE`, `JOIN … ON`, `CASE`, group keys as groupings) are
 //! piecewise constant, as in the scalar rules. A NULL contribution sends no
@@ -36,6 +39,7 @@
 //! ```
 
 mod backward;
+mod factored;
 // pub for the tests in tests/unit/plan_reverse_block.rs
 #[doc(hidden)]
 pub mod block;
