@@ -402,3 +402,178 @@ async fn gradients_of_a_product_are_its_sums() -> Result<()> {
     }
     Ok(())
 }
+
+/// A float column of `values`.
+fn floats(values: impl IntoIterator<Item = Option<f64>>) -> ArrayRef {
+    Arc::new(values.into_iter().collect::<Float64Array>())
+}
+
+/// An integer column of `values`.
+fn ints(values: impl IntoIterator<Item = Option<i64>>) -> ArrayRef {
+    Arc::new(values.into_iter().collect::<Int64Array>())
+}
+
+/// `grad(loss, {table}.v)` at each row of `table`, by its id `i`; whether
+/// the plan shows a contraction must be `contracted` (the forward
+/// aggregates are shared, out of sight: this is the backward pass's).
+async fn gradients(
+    ctx: &SessionContext,
+    loss: &str,
+    table: &str,
+    rows: usize,
+    contracted: bool,
+) -> Result<Vec<Option<f64>>> {
+    let sql =
+        format!("SELECT {table}.i, grad((SELECT loss FROM {loss}), {table}.v) AS g FROM {table}");
+    let plan = ctx.sql(&sql).await?.create_physical_plan().await?;
+    let shown = displayable(plan.as_ref()).indent(false).to_string();
+    assert_eq!(
+        shown.contains("ContractionExec"),
+        contracted,
+        "{sql}: {shown}"
+    );
+    let mut got = vec![None; rows];
+    for batch in collect(plan, ctx.task_ctx()).await? {
+        let i = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        let g = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        for row in 0..batch.num_rows() {
+            got[i.value(row) as usize] = Some(g.is_valid(row).then(|| g.value(row)));
+        }
+    }
+    Ok(got.into_iter().map(|g| g.expect("every row")).collect())
+}
+
+/// Losses whose groups come from one side only (`GROUP BY x.a`: the
+/// adjoints are a factor of x's rows, summed with w's rows for w), joined
+/// by `=` or `IS NOT DISTINCT FROM`, with a condition on each side:
+/// gradients with respect to both tables' rows against the sums written
+/// out here (NULL keys match nothing under `=` and each other under `IS
+/// NOT DISTINCT FROM`; NULL group keys are one group; NULL values send
+/// nothing and have a NULL gradient).
+#[tokio::test]
+async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(474);
+    for case in 0..12 {
+        let nulls = [0.0, 0.15, 0.3][case % 3];
+        let distinct = case % 2 == 1;
+        let maybe = |rng: &mut StdRng, v: i64| (!rng.random_bool(nulls)).then_some(v);
+        let value = |rng: &mut StdRng| {
+            let v = rng.random_range(-2.0..2.0);
+            (!rng.random_bool(nulls)).then_some(v)
+        };
+        // x(a, b, v, i), w(a, b, v, i): x.b meets w.a
+        let x: Vec<(Option<i64>, Option<i64>, Option<f64>)> = (0..rng.random_range(1..200))
+            .map(|_| {
+                let (a, b) = (rng.random_range(0..6), rng.random_range(0..5));
+                (maybe(&mut rng, a), maybe(&mut rng, b), value(&mut rng))
+            })
+            .collect();
+        let w: Vec<(Option<i64>, Option<i64>, Option<f64>)> = (0..rng.random_range(1..40))
+            .map(|_| {
+                let (a, b) = (rng.random_range(0..5), rng.random_range(0..4));
+                (maybe(&mut rng, a), maybe(&mut rng, b), value(&mut rng))
+            })
+            .collect();
+        let meets = |xb: Option<i64>, wa: Option<i64>| match distinct {
+            true => xb == wa,
+            false => xb.is_some() && xb == wa,
+        };
+        // the conditions: x.v > -1.5 (NULL: false), w.b < 3
+        let x_kept = |xv: Option<f64>| xv.is_some_and(|v| v > -1.5);
+        let w_kept = |wb: Option<i64>| wb.is_some_and(|b| b < 3);
+        let mut z: BTreeMap<Option<i64>, Option<f64>> = BTreeMap::new();
+        for &(a, b, xv) in x.iter().filter(|r| x_kept(r.2)) {
+            for &(wa, _, wv) in w.iter().filter(|r| w_kept(r.1)) {
+                if meets(b, wa) {
+                    let sum = z.entry(a).or_insert(None);
+                    if let (Some(xv), Some(wv)) = (xv, wv) {
+                        *sum = Some(sum.unwrap_or(0.0) + xv * wv);
+                    }
+                }
+            }
+        }
+        let expected_x: Vec<Option<f64>> = (x.iter())
+            .map(|&(a, b, xv)| {
+                xv?;
+                let mut g = 0.0;
+                for &(wa, wb, wv) in &w {
+                    if let (true, true, Some(wv), Some(Some(z))) =
+                        (x_kept(xv), w_kept(wb), wv, z.get(&a))
+                    {
+                        if meets(b, wa) {
+                            g += 2.0 * z * wv;
+                        }
+                    }
+                }
+                Some(g)
+            })
+            .collect();
+        let expected_w: Vec<Option<f64>> = (w.iter())
+            .map(|&(wa, wb, wv)| {
+                wv?;
+                let mut g = 0.0;
+                for &(a, b, xv) in &x {
+                    if let (true, true, Some(xv), Some(Some(z))) =
+                        (x_kept(xv), w_kept(wb), xv, z.get(&a))
+                    {
+                        if meets(b, wa) {
+                            g += 2.0 * z * xv;
+                        }
+                    }
+                }
+                Some(g)
+            })
+            .collect();
+        let partitions = 1 + case % 3;
+        let ctx = datafusion_grad::session_context_with_config(
+            SessionConfig::new().with_target_partitions(partitions),
+        );
+        for (name, rows) in [("x", &x), ("w", &w)] {
+            let batch = RecordBatch::try_from_iter(vec![
+                ("a", ints(rows.iter().map(|r| r.0))),
+                ("b", ints(rows.iter().map(|r| r.1))),
+                ("v", floats(rows.iter().map(|r| r.2))),
+                ("i", ints((0..rows.len() as i64).map(Some))),
+            ])?;
+            ctx.register_batch(name, batch)?;
+        }
+        let on = match distinct {
+            true => "x.b IS NOT DISTINCT FROM w.a",
+            false => "x.b = w.a",
+        };
+        ctx.sql(&format!(
+            "CREATE VIEW l AS SELECT sum(z * z) AS loss FROM (SELECT x.a, sum(x.v * w.v) AS z \
+             FROM x JOIN w ON {on} WHERE x.v > -1.5 AND w.b < 3 GROUP BY x.a)"
+        ))
+        .await?
+        .collect()
+        .await?;
+        // x's gradient: the adjoints of x's groups times w's sums per key
+        // (a plain aggregate of w); w's: x's rows with their groups'
+        // adjoints, summed per key (a contraction, where the aggregate is
+        // partial: in more than one partition).
+        let w_contracted = partitions > 1;
+        for (table, expected, contracted) in
+            [("x", &expected_x, false), ("w", &expected_w, w_contracted)]
+        {
+            let got = gradients(&ctx, "l", table, expected.len(), contracted).await?;
+            for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+                let same = match (g, e) {
+                    (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
+                    (None, None) => true,
+                    _ => false,
+                };
+                assert!(same, "case {case} ({on}), {table} row {i}: {g:?} vs {e:?}");
+            }
+        }
+    }
+    Ok(())
+}

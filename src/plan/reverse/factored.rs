@@ -20,7 +20,12 @@
 //! is a `sum` of products over a join of the other leaf and the adjoints,
 //! grouped by the join keys `K` and the target's group keys — a
 //! contraction, which [`crate::exec::contraction`] runs without the joined
-//! rows — and the target rows then meet one row of `S` each.
+//! rows — and the target rows then meet one row of `S` each. Where no
+//! group key reads the other leaf (a layer `GROUP BY x.n` whose weights
+//! have one output), the adjoint is a factor of the target's row: its rows
+//! meet their adjoints, and `S(k)` sums the other leaf's factors per join
+//! key alone (else the other leaf's rows would be crossed with every
+//! adjoint).
 //!
 //! Exactly the rows of the joined form: a row of `S` exists only where a
 //! joined row does; NULL join keys never match (unless the join says `IS
@@ -30,7 +35,8 @@
 //! they occur. Only sums are reassociated (`Σ a·b = a·Σ b`), as a matrix
 //! product's kernels do. Anything else — more than two leaves, an outer
 //! join, a condition or a factor that reads both sides, a partial that is
-//! not a product of `Float64` factors — is passed as it comes.
+//! not a product of `Float64` factors, anything volatile — is passed as it
+//! comes.
 
 use std::sync::Arc;
 
@@ -65,40 +71,37 @@ struct TwoLeaves {
 }
 
 /// Where an expression's columns come from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reads {
-    /// No column.
-    Nothing,
-    /// Only the leaf of this side (0 or 1).
-    Leaf(usize),
-    /// Only the seed relation's columns (unqualified).
-    Seed,
-    /// Columns of several of these.
-    Mixed,
+#[derive(Debug, Clone, Copy, Default)]
+struct Reads {
+    /// Columns of the leaf of each side.
+    leaf: [bool; 2],
+    /// The seed relation's columns (unqualified).
+    seed: bool,
+    /// Columns of anything else.
+    other: bool,
 }
 
 impl Reads {
     fn of(e: &Expr, qualifiers: [&TableReference; 2]) -> Reads {
-        let mut reads = Reads::Nothing;
+        let mut reads = Reads::default();
         for c in e.column_refs() {
-            let this = match &c.relation {
-                Some(q) if q == qualifiers[0] => Reads::Leaf(0),
-                Some(q) if q == qualifiers[1] => Reads::Leaf(1),
-                Some(_) => Reads::Mixed,
-                None => Reads::Seed,
-            };
-            reads = match (reads, this) {
-                (Reads::Nothing, r) => r,
-                (a, b) if a == b => a,
-                _ => Reads::Mixed,
-            };
+            match &c.relation {
+                Some(q) if q == qualifiers[0] => reads.leaf[0] = true,
+                Some(q) if q == qualifiers[1] => reads.leaf[1] = true,
+                Some(_) => reads.other = true,
+                None => reads.seed = true,
+            }
         }
         reads
     }
 
-    /// Whether it is computed from side `s`'s row and the seed's alone.
-    fn within(self, s: usize) -> bool {
-        matches!(self, Reads::Nothing | Reads::Seed) || self == Reads::Leaf(s)
+    /// `Some(s)` when it reads the leaf of side `s` and nothing else.
+    fn one_leaf(self) -> Option<usize> {
+        match (self.leaf, self.seed || self.other) {
+            ([true, false], false) => Some(0),
+            ([false, true], false) => Some(1),
+            _ => None,
+        }
     }
 }
 
@@ -135,10 +138,14 @@ impl TwoLeaves {
                 (a.get_type(schema), b.get_type(schema)),
                 (Ok(x), Ok(y)) if x == y
             );
-            match (Reads::of(a, qualifiers), Reads::of(b, qualifiers)) {
+            let sides = (
+                Reads::of(a, qualifiers).one_leaf(),
+                Reads::of(b, qualifiers).one_leaf(),
+            );
+            match sides {
                 _ if !same => None,
-                (Reads::Leaf(0), Reads::Leaf(1)) => Some((a.clone(), b.clone())),
-                (Reads::Leaf(1), Reads::Leaf(0)) => Some((b.clone(), a.clone())),
+                (Some(0), Some(1)) => Some((a.clone(), b.clone())),
+                (Some(1), Some(0)) => Some((b.clone(), a.clone())),
                 _ => None,
             }
         };
@@ -153,11 +160,15 @@ impl TwoLeaves {
         if let Some(filter) = &j.filter {
             conditions.extend(split_conjunction(filter).into_iter().cloned());
         }
+        // A volatile condition holds per joined row, not per side's row.
+        if conditions.iter().any(Expr::is_volatile) {
+            return None;
+        }
         let mut filters: [Vec<Expr>; 2] = [vec![], vec![]];
         for c in conditions {
-            match Reads::of(&c, qualifiers) {
-                Reads::Leaf(s) => filters[s].push(c),
-                _ => match &c {
+            match Reads::of(&c, qualifiers).one_leaf() {
+                Some(s) => filters[s].push(c),
+                None => match &c {
                     Expr::BinaryExpr(BinaryExpr { left, op, right })
                         if matches!(op, Operator::Eq | Operator::IsNotDistinctFrom) =>
                     {
@@ -253,33 +264,44 @@ pub(super) fn summed_per_row(
         Some((relation, _)) => relation.schema().join(rows.schema())?,
         None => rows.schema().as_ref().clone(),
     };
-    // Each partial as (target's factor, the other side's and the seed's).
-    let mut split = Vec::with_capacity(partials.len());
-    for (_, partial) in partials {
-        let mut all = vec![];
-        if factors(partial, &seeded, &mut all)?.is_none() {
-            return Ok(None);
-        }
-        let (mut mine, mut theirs) = (vec![], vec![]);
-        for f in all {
-            match Reads::of(&f, qualifiers) {
-                Reads::Leaf(s) if s == t => mine.push(f),
-                r if r.within(o) => theirs.push(f),
-                _ => return Ok(None),
-            }
-        }
-        split.push((product(mine), product(theirs)));
-    }
     // The seed's keys by the side they read.
     let (mut seed_on_target, mut seed_on_other) = (vec![], vec![]);
     if let Some((_, keys)) = seed {
         for (j, k) in keys.iter().enumerate() {
-            match Reads::of(k, qualifiers) {
-                Reads::Leaf(s) if s == t => seed_on_target.push((k.clone(), j)),
-                Reads::Leaf(_) => seed_on_other.push((k.clone(), j)),
-                _ => return Ok(None),
+            match Reads::of(k, qualifiers).one_leaf() {
+                Some(s) if s == t => seed_on_target.push((k.clone(), j)),
+                Some(_) => seed_on_other.push((k.clone(), j)),
+                None => return Ok(None),
             }
         }
+    }
+    // The seed joins the other side where some of its keys are there (the
+    // sums then run over the other side's rows and the adjoints), else the
+    // target's rows (its adjoints are then a factor of the target's).
+    let seed_side = match seed_on_other.is_empty() {
+        true => t,
+        false => o,
+    };
+    // Each partial as (the target's factor, the other side's).
+    let mut split = Vec::with_capacity(partials.len());
+    for (_, partial) in partials {
+        let mut all = vec![];
+        if partial.is_volatile() || factors(partial, &seeded, &mut all)?.is_none() {
+            return Ok(None);
+        }
+        let (mut mine, mut theirs) = (vec![], vec![]);
+        for f in all {
+            let reads = Reads::of(&f, qualifiers);
+            let on_target = reads.leaf[t] || (reads.seed && seed_side == t);
+            let on_other = reads.leaf[o] || (reads.seed && seed_side == o);
+            match (on_target, on_other) {
+                _ if reads.other => return Ok(None),
+                (true, true) => return Ok(None),
+                (true, false) => mine.push(f),
+                (false, _) => theirs.push(f),
+            }
+        }
+        split.push((product(mine), product(theirs)));
     }
     let pick = |pair: &(Expr, Expr, bool), s: usize| match s {
         0 => pair.0.clone(),
@@ -292,13 +314,24 @@ pub(super) fn summed_per_row(
     let unmatched = two.on.iter().filter(|p| !p.2);
     conditions.extend(unmatched.map(|p| pick(p, o).is_not_null()));
     let mut other = filtered(two.sides[o].rows.clone(), conditions)?;
+    let mut mine = filtered(two.sides[t].rows.clone(), two.sides[t].filters.clone())?;
     if let Some((relation, _)) = seed {
-        let on = seed_on_other
+        let (rows, keys) = match seed_side == o {
+            true => (&mut other, &seed_on_other),
+            false => (&mut mine, &seed_on_target),
+        };
+        let on = keys
             .iter()
             .map(|(k, j)| (k.clone(), Placeholder::Key.column(*j)))
             .collect();
-        other = join(other, relation.clone(), on)?;
+        *rows = join(rows.clone(), relation.clone(), on)?;
     }
+    // The target's keys into S: the join keys, and the target's group keys
+    // where the seed is summed with the other side.
+    let seed_on_target = match seed_side == o {
+        true => seed_on_target,
+        false => vec![],
+    };
     // S: the other side's factors summed per join key and target group.
     let mut groups: Vec<Expr> = two.on.iter().map(|p| pick(p, o)).collect();
     groups.extend(
@@ -327,7 +360,6 @@ pub(super) fn summed_per_row(
         .collect();
     let contracted = LogicalPlan::Projection(Projection::try_new(names, Arc::new(contracted))?);
     // The target's rows, each meeting its row of S.
-    let mine = filtered(two.sides[t].rows.clone(), two.sides[t].filters.clone())?;
     let keys = two.on.iter().map(|p| pick(p, t));
     let keys = keys.chain(seed_on_target.iter().map(|(k, _)| k.clone()));
     let on = keys
