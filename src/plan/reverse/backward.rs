@@ -604,7 +604,7 @@ fn with_stats(
 /// from the same row values (the aggregates below are shared, computed
 /// once), so a group's rows find exactly their group: two distinct keys,
 /// however close, or infinite, are two groups.
-fn key_join(
+pub(super) fn key_join(
     left: LogicalPlan,
     right: LogicalPlan,
     on: Vec<(Expr, Expr)>,

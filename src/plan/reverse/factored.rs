@@ -46,11 +46,10 @@ use datafusion::error::Result;
 use datafusion::logical_expr::expr::Case;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{
-    lit, BinaryExpr, Expr, ExprSchemable, Filter, Join, JoinConstraint, JoinType, LogicalPlan,
-    Operator, Projection,
+    lit, BinaryExpr, Expr, ExprSchemable, Filter, JoinType, LogicalPlan, Operator, Projection,
 };
 
-use super::backward::{aggregate, sum};
+use super::backward::{aggregate, key_join, sum};
 use crate::plan::columns;
 use crate::reserved::Placeholder;
 
@@ -324,7 +323,9 @@ pub(super) fn summed_per_row(
             .iter()
             .map(|(k, j)| (k.clone(), Placeholder::Key.column(*j)))
             .collect();
-        *rows = join(rows.clone(), relation.clone(), on)?;
+        // NULL equal to NULL, as the groups' keys; the rows whose keys NULL
+        // must not match were dropped before.
+        *rows = key_join(rows.clone(), relation.clone(), on, JoinType::Inner)?;
     }
     // The target's keys into S: the join keys, and the target's group keys
     // where the seed is summed with the other side.
@@ -366,7 +367,7 @@ pub(super) fn summed_per_row(
         .enumerate()
         .map(|(i, k)| (k, Placeholder::JoinKey.column(i)))
         .collect();
-    let met = join(mine, contracted, on)?;
+    let met = key_join(mine, contracted, on, JoinType::Inner)?;
     let mut exprs = columns(&two.sides[t].rows);
     for (n, ((name, _), (mine, _))) in partials.iter().zip(split).enumerate() {
         exprs.push((mine * Placeholder::Contracted.column(n)).alias(name));
@@ -383,19 +384,4 @@ fn filtered(rows: LogicalPlan, conditions: Vec<Expr>) -> Result<LogicalPlan> {
         Some(c) => LogicalPlan::Filter(Filter::try_new(c, Arc::new(rows))?),
         None => rows,
     })
-}
-
-/// `left ⋈ right` by the key pairs `on`, NULL equal to NULL (the sides'
-/// rows whose keys NULL must not match were dropped before).
-fn join(left: LogicalPlan, right: LogicalPlan, on: Vec<(Expr, Expr)>) -> Result<LogicalPlan> {
-    Ok(LogicalPlan::Join(Join::try_new(
-        Arc::new(left),
-        Arc::new(right),
-        on,
-        None,
-        JoinType::Inner,
-        JoinConstraint::On,
-        NullEquality::NullEqualsNull,
-        false,
-    )?))
 }
