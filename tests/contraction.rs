@@ -577,3 +577,123 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
     }
     Ok(())
 }
+
+/// Matrix factorization's block of three inputs: `p(a, b) = Σ u.v · f.v`
+/// over `r JOIN u ON u.a = r.a JOIN f ON f.b = r.b AND f.k = u.k` (`=` or
+/// `IS NOT DISTINCT FROM` for the factor keys), a condition on the ratings
+/// and on each factor table, loss `Σ p²`: gradients with respect to the
+/// rows of `u` and of `f` (the rest of the block is two inputs joined)
+/// against the sums written out here, NULL keys and values and repeated
+/// rows included.
+#[tokio::test]
+async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
+    type Row = (Option<i64>, Option<i64>, Option<f64>);
+    let mut rng = StdRng::seed_from_u64(4747);
+    for case in 0..12 {
+        let nulls = [0.0, 0.1, 0.25][case % 3];
+        let distinct = case % 2 == 1;
+        let maybe = |rng: &mut StdRng, v: i64| (!rng.random_bool(nulls)).then_some(v);
+        let value = |rng: &mut StdRng| {
+            let v = rng.random_range(-2.0..2.0);
+            (!rng.random_bool(nulls)).then_some(v)
+        };
+        let mut draw = |rows: usize, a: i64, b: i64| -> Vec<Row> {
+            (0..rows)
+                .map(|_| {
+                    let (x, y) = (rng.random_range(0..a), rng.random_range(0..b));
+                    (maybe(&mut rng, x), maybe(&mut rng, y), value(&mut rng))
+                })
+                .collect()
+        };
+        // r(a, b, v): ratings of user a for item b; u(a, k, v); f(b, k, v)
+        let (r, u, f) = (draw(60, 5, 4), draw(18, 5, 3), draw(14, 4, 3));
+        let eq = |x: Option<i64>, y: Option<i64>| x.is_some() && x == y;
+        let keyed = |x: Option<i64>, y: Option<i64>| match distinct {
+            true => x == y,
+            false => eq(x, y),
+        };
+        // the conditions: r.v > -1.8, u.v < 1.9, f.v > -1.9 (NULL: false)
+        let r_kept = |v: Option<f64>| v.is_some_and(|v| v > -1.8);
+        let u_kept = |v: Option<f64>| v.is_some_and(|v| v < 1.9);
+        let f_kept = |v: Option<f64>| v.is_some_and(|v| v > -1.9);
+        // the joined rows (r, u, f indexes)
+        let mut joined = vec![];
+        for (ri, rr) in r.iter().enumerate().filter(|(_, x)| r_kept(x.2)) {
+            for (ui, ur) in u.iter().enumerate().filter(|(_, x)| u_kept(x.2)) {
+                for (fi, fr) in f.iter().enumerate().filter(|(_, x)| f_kept(x.2)) {
+                    if eq(ur.0, rr.0) && eq(fr.0, rr.1) && keyed(fr.1, ur.1) {
+                        joined.push((ri, ui, fi));
+                    }
+                }
+            }
+        }
+        let mut p: BTreeMap<(Option<i64>, Option<i64>), Option<f64>> = BTreeMap::new();
+        for &(ri, ui, fi) in &joined {
+            let sum = p.entry((r[ri].0, r[ri].1)).or_insert(None);
+            if let (Some(x), Some(y)) = (u[ui].2, f[fi].2) {
+                *sum = Some(sum.unwrap_or(0.0) + x * y);
+            }
+        }
+        let expected = |of_u: bool| -> Vec<Option<f64>> {
+            let rows = if of_u { &u } else { &f };
+            (0..rows.len())
+                .map(|i| {
+                    rows[i].2?;
+                    let mut g = 0.0;
+                    for &(ri, ui, fi) in &joined {
+                        let (mine, theirs) = if of_u { (ui, f[fi].2) } else { (fi, u[ui].2) };
+                        if let (true, Some(t), Some(Some(z))) =
+                            (mine == i, theirs, p.get(&(r[ri].0, r[ri].1)))
+                        {
+                            g += 2.0 * z * t;
+                        }
+                    }
+                    Some(g)
+                })
+                .collect()
+        };
+        let partitions = 1 + case % 3;
+        let ctx = datafusion_grad::session_context_with_config(
+            SessionConfig::new().with_target_partitions(partitions),
+        );
+        for (name, rows, a, b) in [
+            ("r", &r, "a", "b"),
+            ("u", &u, "a", "k"),
+            ("f", &f, "b", "k"),
+        ] {
+            let batch = RecordBatch::try_from_iter(vec![
+                (a, ints(rows.iter().map(|r| r.0))),
+                (b, ints(rows.iter().map(|r| r.1))),
+                ("v", floats(rows.iter().map(|r| r.2))),
+                ("i", ints((0..rows.len() as i64).map(Some))),
+            ])?;
+            ctx.register_batch(name, batch)?;
+        }
+        let k = match distinct {
+            true => "f.k IS NOT DISTINCT FROM u.k",
+            false => "f.k = u.k",
+        };
+        ctx.sql(&format!(
+            "CREATE VIEW l AS SELECT sum(p * p) AS loss FROM (SELECT r.a, r.b, sum(u.v * f.v) AS p \
+             FROM r JOIN u ON u.a = r.a JOIN f ON f.b = r.b AND {k} \
+             WHERE r.v > -1.8 AND u.v < 1.9 AND f.v > -1.9 GROUP BY r.a, r.b)"
+        ))
+        .await?
+        .collect()
+        .await?;
+        // each factor's gradient: a contraction of the ratings (with their
+        // adjoints) and the other factor, where the aggregate is partial
+        for (table, expected) in [("u", expected(true)), ("f", expected(false))] {
+            let got = gradients(&ctx, "l", table, expected.len(), partitions > 1).await?;
+            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                let same = match (g, e) {
+                    (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
+                    (None, None) => true,
+                    _ => false,
+                };
+                assert!(same, "case {case} ({k}), {table} row {i}: {g:?} vs {e:?}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, Int32Array, StringArray};
+use datafusion::arrow::array::{Array, ArrayRef, Int32Array, Int64Array, StringArray};
 use datafusion::arrow::datatypes::DataType;
 use datafusion_grad::exec::contraction::numbering::{Nulls, Numbering, NONE};
 
@@ -59,4 +59,70 @@ fn strings_and_several_columns_go_by_their_row_encoding() {
     keys.find(&[a, b], &mut out).unwrap();
     assert_eq!(out, [0, 1, NONE, 2]);
     assert_eq!(keys.values().unwrap()[0].len(), 3);
+}
+
+#[test]
+fn several_integer_columns_are_numbered_by_their_tuples() {
+    let a: ArrayRef = Arc::new(Int32Array::from(vec![
+        Some(1),
+        Some(1),
+        Some(1),
+        None,
+        Some(2),
+        None,
+        Some(1),
+        Some(0),
+    ]));
+    let b: ArrayRef = Arc::new(Int64Array::from(vec![
+        Some(5),
+        Some(5),
+        Some(6),
+        Some(5),
+        Some(5),
+        Some(5),
+        Some(5),
+        None,
+    ]));
+    let columns = [Arc::clone(&a), Arc::clone(&b)];
+    let types = [DataType::Int32, DataType::Int64];
+    let mut keys = Numbering::new(&types, Nulls::Unmatched).unwrap();
+    let mut out = vec![];
+    keys.number(&columns, &mut out).unwrap();
+    assert_eq!(out, [0, 0, 1, NONE, 2, NONE, 0, NONE]);
+    // NULL in one column is not 0 in it: (NULL, 5) and (0, NULL) differ
+    // from each other and from (0, 5)
+    let mut groups = Numbering::new(&types, Nulls::Grouped).unwrap();
+    groups.number(&columns, &mut out).unwrap();
+    assert_eq!(out, [0, 0, 1, 2, 3, 2, 0, 4]);
+    let values = groups.values().unwrap();
+    assert_eq!(
+        values[0].as_ref(),
+        &Int32Array::from(vec![Some(1), Some(1), None, Some(2), Some(0)]) as &dyn Array
+    );
+    assert_eq!(
+        values[1].as_ref(),
+        &Int64Array::from(vec![Some(5), Some(6), Some(5), Some(5), None]) as &dyn Array
+    );
+    let probe = [
+        Arc::new(Int32Array::from(vec![Some(2), Some(0), None, Some(1)])) as ArrayRef,
+        Arc::new(Int64Array::from(vec![Some(5), Some(5), Some(5), Some(6)])) as ArrayRef,
+    ];
+    keys.find(&probe, &mut out).unwrap();
+    assert_eq!(out, [2, NONE, NONE, 1]);
+    groups.find(&probe, &mut out).unwrap();
+    assert_eq!(out, [3, NONE, 2, 1]);
+    // frozen: the keys (no NULLs) are found in a grid of their values, the
+    // groups (with NULLs) as before; values outside the grid have none
+    keys.freeze();
+    groups.freeze();
+    keys.find(&probe, &mut out).unwrap();
+    assert_eq!(out, [2, NONE, NONE, 1]);
+    groups.find(&probe, &mut out).unwrap();
+    assert_eq!(out, [3, NONE, 2, 1]);
+    let outside = [
+        Arc::new(Int32Array::from(vec![3, 1, 2, 1])) as ArrayRef,
+        Arc::new(Int64Array::from(vec![5, 4, 6, 7])) as ArrayRef,
+    ];
+    keys.find(&outside, &mut out).unwrap();
+    assert_eq!(out, [NONE, NONE, NONE, NONE]);
 }

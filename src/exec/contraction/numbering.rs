@@ -3,10 +3,13 @@
 //! first met, so the operator's tables are vectors indexed by number.
 //!
 //! One integer column (the usual id column) is numbered through a hash table
-//! of its values; any other supported columns (several columns, strings,
-//! `UInt64`) through their Arrow row encoding, whose equality is
-//! DataFusion's for these types. A frozen numbering of integers spanning a
-//! small range looks values up in a vector instead of the hash table.
+//! of its values; several integer columns (a composite id) through one of
+//! their tuples of values (up to four columns); any other supported columns (strings, `UInt64`)
+//! through their Arrow row encoding, whose equality is DataFusion's for
+//! these types. A frozen numbering of integers spanning a small range looks
+//! values up in a vector instead of the hash table. A row whose values are
+//! the row's before it (a join's output repeats its probe row's) takes its
+//! number without a lookup.
 
 use std::sync::Arc;
 
@@ -71,6 +74,19 @@ enum By {
         /// range: `slots[v - low]` is the number of `v` (`u32::MAX`: none).
         direct: Option<(i64, Vec<u32>)>,
     },
+    /// Two to [`TUPLE`]` - 1` integer columns, as tuples of `i64`: per row,
+    /// a mask of its NULL columns, then each column's value (0 where NULL
+    /// and after the last column).
+    Integers {
+        types: Vec<DataType>,
+        ids: HashMap<[i64; TUPLE], u32>,
+        /// The tuples in the order of their numbers, one after another.
+        values: Vec<i64>,
+        /// After [`Numbering::freeze`], where no tuple has a NULL and the
+        /// columns' values span a small box: the tuple `v` is at
+        /// `slots[Σ (v_c - low_c) · stride_c]`.
+        direct: Option<Box<Grid>>,
+    },
     /// Any supported columns, by their row encoding.
     Rows {
         converter: RowConverter,
@@ -79,6 +95,10 @@ enum By {
         rows: Rows,
     },
 }
+
+/// The length of a tuple of integer columns (see `By::Integers`): a NULL
+/// mask and up to four values.
+const TUPLE: usize = 5;
 
 /// No number (a NULL join key, a key the build side does not have).
 pub const NONE: u32 = u32::MAX;
@@ -92,6 +112,12 @@ impl Numbering {
                 ids: HashMap::default(),
                 values: Vec::new(),
                 null: None,
+                direct: None,
+            },
+            _ if types.len() < TUPLE && types.iter().all(integer) => By::Integers {
+                types: types.to_vec(),
+                ids: HashMap::default(),
+                values: Vec::new(),
                 direct: None,
             },
             _ => {
@@ -112,6 +138,7 @@ impl Numbering {
     pub fn len(&self) -> usize {
         match &self.by {
             By::Integer { values, .. } => values.len(),
+            By::Integers { types, values, .. } => values.len() / (types.len() + 1),
             By::Rows { rows, .. } => rows.num_rows(),
         }
     }
@@ -120,6 +147,7 @@ impl Numbering {
     pub fn is_empty(&self) -> bool {
         match &self.by {
             By::Integer { values, .. } => values.is_empty(),
+            By::Integers { values, .. } => values.is_empty(),
             By::Rows { rows, .. } => rows.num_rows() == 0,
         }
     }
@@ -136,6 +164,16 @@ impl Numbering {
                 ids.capacity() * 16
                     + values.capacity() * 16
                     + direct.as_ref().map_or(0, |(_, d)| d.capacity() * 4)
+            }
+            By::Integers {
+                ids,
+                values,
+                direct,
+                ..
+            } => {
+                ids.capacity() * (8 * TUPLE + 5)
+                    + values.capacity() * 8
+                    + direct.as_ref().map_or(0, |d| d.slots.capacity() * 4)
             }
             By::Rows { ids, rows, .. } => ids.capacity() * 24 + 2 * rows.size(),
         }
@@ -166,6 +204,24 @@ impl Numbering {
                     out.push(*ids.entry(v).or_insert_with(|| {
                         values.push(Some(v));
                         values.len() as u32 - 1
+                    }));
+                }
+            }
+            By::Integers { ids, values, .. } => {
+                let tuples = Tuples::of(columns)?;
+                let width = tuples.columns.len() + 1;
+                for row in 0..tuples.rows {
+                    if row > 0 && tuples.repeats(row) {
+                        out.push(out[row - 1]);
+                        continue;
+                    }
+                    let Some(tuple) = tuples.read(row, nulls) else {
+                        out.push(NONE);
+                        continue;
+                    };
+                    out.push(*ids.entry(tuple).or_insert_with(|| {
+                        values.extend_from_slice(&tuple[..width]);
+                        (values.len() / width) as u32 - 1
                     }));
                 }
             }
@@ -200,25 +256,33 @@ impl Numbering {
     /// No more numbers will be given: integers spanning a small range are
     /// then looked up directly.
     pub fn freeze(&mut self) {
-        if let By::Integer {
-            ids,
-            values,
-            direct,
-            ..
-        } = &mut self.by
-        {
-            let present = values.iter().flatten();
-            let (Some(low), Some(high)) = (present.clone().min(), present.max()) else {
-                return;
-            };
-            let span = (*high as i128 - *low as i128 + 1) as u128;
-            if span <= 4 * values.len() as u128 + 1024 {
-                let mut slots = vec![NONE; span as usize];
-                for (&v, &id) in ids.iter() {
-                    slots[(v - low) as usize] = id;
+        match &mut self.by {
+            By::Integer {
+                ids,
+                values,
+                direct,
+                ..
+            } => {
+                let present = values.iter().flatten();
+                let (Some(low), Some(high)) = (present.clone().min(), present.max()) else {
+                    return;
+                };
+                let span = (*high as i128 - *low as i128 + 1) as u128;
+                if span <= 4 * values.len() as u128 + 1024 {
+                    let mut slots = vec![NONE; span as usize];
+                    for (&v, &id) in ids.iter() {
+                        slots[(v - low) as usize] = id;
+                    }
+                    *direct = Some((*low, slots));
                 }
-                *direct = Some((*low, slots));
             }
+            By::Integers {
+                types,
+                values,
+                direct,
+                ..
+            } => *direct = Grid::of(values, types.len()).map(Box::new),
+            By::Rows { .. } => {}
         }
     }
 
@@ -256,6 +320,21 @@ impl Numbering {
                     })),
                 }
             }
+            By::Integers {
+                direct: Some(grid), ..
+            } => {
+                let tuples = Tuples::of(columns)?;
+                out.extend((0..tuples.rows).map(|row| grid.find(&tuples, row)));
+            }
+            By::Integers { ids, .. } => {
+                let tuples = Tuples::of(columns)?;
+                out.extend(
+                    (0..tuples.rows).map(|row| match tuples.read(row, self.nulls) {
+                        Some(tuple) => ids.get(&tuple).copied().unwrap_or(NONE),
+                        None => NONE,
+                    }),
+                );
+            }
             By::Rows { converter, ids, .. } => {
                 let encoded = converter.convert_columns(columns)?;
                 for row in 0..encoded.num_rows() {
@@ -281,10 +360,141 @@ impl Numbering {
                 let column: ArrayRef = Arc::new(Int64Array::from(values.clone()));
                 Ok(vec![cast(&column, data_type)?])
             }
+            By::Integers { types, values, .. } => {
+                let width = types.len() + 1;
+                let tuples = values.chunks_exact(width);
+                let mut columns = Vec::with_capacity(types.len());
+                for (c, data_type) in types.iter().enumerate() {
+                    let column: Int64Array = tuples
+                        .clone()
+                        .map(|t| (t[0] & (1 << c) == 0).then_some(t[c + 1]))
+                        .collect();
+                    columns.push(cast(&(Arc::new(column) as ArrayRef), data_type)?);
+                }
+                Ok(columns)
+            }
             By::Rows {
                 converter, rows, ..
             } => Ok(converter.convert_rows(rows)?),
         }
+    }
+}
+
+/// A frozen numbering of tuples of integers as a grid of slots (see
+/// [`By::Integers`]).
+#[derive(Debug)]
+struct Grid {
+    /// Per column, its lowest value and its span.
+    low: Vec<i64>,
+    span: Vec<u64>,
+    /// Per column, how far apart its consecutive values' slots lie.
+    stride: Vec<u64>,
+    slots: Vec<u32>,
+}
+
+impl Grid {
+    /// The grid of the `width`-column tuples `values` (each after its NULL
+    /// mask), `None` where one has a NULL or they would leave most slots
+    /// empty.
+    fn of(values: &[i64], width: usize) -> Option<Grid> {
+        let tuples = values.chunks_exact(width + 1);
+        let count = tuples.len();
+        if count == 0 || tuples.clone().any(|t| t[0] != 0) {
+            return None;
+        }
+        let (mut low, mut span, mut stride) = (vec![], vec![], vec![]);
+        let mut size: u128 = 1;
+        for c in 1..=width {
+            let column = tuples.clone().map(|t| t[c]);
+            let (lo, hi) = (column.clone().min()?, column.max()?);
+            let s = (hi as i128 - lo as i128 + 1) as u128;
+            stride.push(size as u64);
+            size = size.checked_mul(s)?;
+            if size > 4 * count as u128 + 1024 {
+                return None;
+            }
+            low.push(lo);
+            span.push(s as u64);
+        }
+        let mut slots = vec![NONE; size as usize];
+        for (id, t) in tuples.enumerate() {
+            let mut at = 0;
+            for c in 0..width {
+                at += (t[c + 1] - low[c]) as u64 * stride[c];
+            }
+            slots[at as usize] = id as u32;
+        }
+        Some(Grid {
+            low,
+            span,
+            stride,
+            slots,
+        })
+    }
+
+    /// The number of row `row` of `tuples` ([`NONE`] for a NULL: no tuple
+    /// numbered has one).
+    #[inline]
+    fn find(&self, tuples: &Tuples, row: usize) -> u32 {
+        let mut at = 0;
+        for (c, column) in tuples.columns.iter().enumerate() {
+            if tuples.nullable && column.is_null(row) {
+                return NONE;
+            }
+            let offset = (column.value(row) as i128 - self.low[c] as i128) as u128;
+            if offset >= self.span[c] as u128 {
+                return NONE;
+            }
+            at += offset as u64 * self.stride[c];
+        }
+        self.slots[at as usize]
+    }
+}
+
+/// Several integer columns read as tuples (see [`By::Integers`]).
+struct Tuples {
+    columns: Vec<Int64Array>,
+    rows: usize,
+    nullable: bool,
+}
+
+impl Tuples {
+    fn of(columns: &[ArrayRef]) -> Result<Self> {
+        let columns = columns.iter().map(as_i64).collect::<Result<Vec<_>>>()?;
+        let nullable = columns.iter().any(|c| c.null_count() > 0);
+        let rows = columns.first().map_or(0, Array::len);
+        Ok(Self {
+            columns,
+            rows,
+            nullable,
+        })
+    }
+
+    /// Whether row `row` has the values (and NULLs) of the row before it.
+    #[inline]
+    fn repeats(&self, row: usize) -> bool {
+        self.columns.iter().all(|c| match self.nullable {
+            true => match (c.is_null(row), c.is_null(row - 1)) {
+                (false, false) => c.value(row) == c.value(row - 1),
+                (a, b) => a && b,
+            },
+            false => c.value(row) == c.value(row - 1),
+        })
+    }
+
+    /// Row `row`'s tuple; `None` where it has a NULL and NULLs are
+    /// unmatched.
+    #[inline]
+    fn read(&self, row: usize, nulls: Nulls) -> Option<[i64; TUPLE]> {
+        let mut tuple = [0; TUPLE];
+        for (c, column) in self.columns.iter().enumerate() {
+            match self.nullable && column.is_null(row) {
+                true if nulls == Nulls::Unmatched => return None,
+                true => tuple[0] |= 1 << c,
+                false => tuple[c + 1] = column.value(row),
+            }
+        }
+        Some(tuple)
     }
 }
 

@@ -227,12 +227,12 @@ impl<'a> Backward<'a> {
         let seed_relation = (seed.relation.as_ref()).map(|(r, _)| (r, seed_keys.as_slice()));
         for (k, start, indexes) in spans {
             let leaf = self.blocks.leaves[k].clone();
-            // Summed over the other leaf first where the block is a
+            // Summed over the other leaves first where the block is a
             // contraction; else every row of the block.
             let floats = indexes
                 .iter()
                 .all(|&i| leaf.plan.schema().field(i).data_type() == &DataType::Float64);
-            let contracted = match floats && alt.leaves.len() == 2 {
+            let contracted = match floats && alt.leaves.len() >= 2 {
                 true => {
                     let of = |n: usize| -> Result<(String, Expr)> {
                         let d = Placeholder::Term.fill(derivative.exprs[n].clone(), &adjoints)?;

@@ -1,6 +1,6 @@
-//! A block's partials summed per row of one of its two leaves without
-//! the joined rows, where the partial is a product of a factor of that
-//! leaf's row and a factor of the other side's (a contraction).
+//! A block's partials summed per row of one of its leaves without the
+//! joined rows, where the partial is a product of a factor of that leaf's
+//! row and a factor of the other leaves' (a contraction).
 //!
 //! Below a matrix product `SELECT x.n, w.h, sum(x.v * w.val) FROM x JOIN w
 //! ON x.d = w.d GROUP BY x.n, w.h`, the pass over the block `x ⋈ w` sends
@@ -9,23 +9,28 @@
 //! `Xᵀ·Ā`. Written as it comes, the pass builds all N·D·H joined rows (and
 //! joins them to the adjoints) before summing them per row of `w`. Since
 //! the partial is `D_T(t) · D_O(o, ā)` — a factor of the target leaf's row
-//! `t` times a factor of the other leaf's row `o` and the adjoints —, its
-//! sum per row `t` is `D_T(t) · S(K(t), g_T(t))`, where
+//! `t` times a factor of the row `o` of the other leaves joined (the rest)
+//! and the adjoints —, its sum per row `t` is `D_T(t) · S(K(t), g_T(t))`,
+//! where
 //!
 //! ```text
-//! S(k, gₜ) = Σ D_O(o, ā)  over the rows o of the other leaf with K(o) = k,
+//! S(k, gₜ) = Σ D_O(o, ā)  over the rows o of the rest with K(o) = k,
 //!                          joined to the adjoints ā of the groups (gₜ, g_O(o))
 //! ```
 //!
-//! is a `sum` of products over a join of the other leaf and the adjoints,
+//! is a `sum` of products over a join of the rest and the adjoints,
 //! grouped by the join keys `K` and the target's group keys — a
 //! contraction, which [`crate::exec::contraction`] runs without the joined
 //! rows — and the target rows then meet one row of `S` each. Where no
-//! group key reads the other leaf (a layer `GROUP BY x.n` whose weights
-//! have one output), the adjoint is a factor of the target's row: its rows
-//! meet their adjoints, and `S(k)` sums the other leaf's factors per join
-//! key alone (else the other leaf's rows would be crossed with every
-//! adjoint).
+//! group key reads the rest (a layer `GROUP BY x.n` whose weights have one
+//! output), the adjoint is a factor of the target's row: its rows meet
+//! their adjoints, and `S(k)` sums the rest's factors per join key alone
+//! (else the rest's rows would be crossed with every adjoint). With more
+//! than two leaves — matrix factorization's `r ⋈ u ⋈ v` — the rest is the
+//! join of the others, the adjoints joined first to the leaf their keys
+//! read: for `u`, `S(i, k) = Σ ā(i, j) · v(j, k)` over `r ⋈ ā`, each row
+//! meeting the rows of `v` of its item (a contraction of the ratings with
+//! `v`, never the ratings times the factors).
 //!
 //! Exactly the rows of the joined form: a row of `S` exists only where a
 //! joined row does; NULL join keys never match (unless the join says `IS
@@ -33,10 +38,10 @@
 //! NULL drops the products it is in (a NULL `D_T(t)` every product of `t`,
 //! as a NULL partial sends no gradient); duplicate rows count as often as
 //! they occur. Only sums are reassociated (`Σ a·b = a·Σ b`), as a matrix
-//! product's kernels do. Anything else — more than two leaves, an outer
-//! join, a condition or a factor that reads both sides, a partial that is
-//! not a product of `Float64` factors, anything volatile — is passed as it
-//! comes.
+//! product's kernels do. Anything else — an outer join, a condition or a
+//! factor that reads both the target and the rest (other than an equality
+//! of an expression of each), a partial that is not a product of `Float64`
+//! factors, anything volatile — is passed as it comes.
 
 use std::sync::Arc;
 
@@ -53,27 +58,28 @@ use super::backward::{aggregate, key_join, sum};
 use crate::plan::columns;
 use crate::reserved::Placeholder;
 
-/// One side of a block of two leaves: the leaf's rows and the conditions
-/// on them alone.
+/// One leaf of a block: its rows and the conditions on them alone.
 struct Side {
     qualifier: TableReference,
     rows: LogicalPlan,
     filters: Vec<Expr>,
 }
 
-/// A block's rows that are an inner join of exactly two leaves.
-struct TwoLeaves {
-    sides: [Side; 2],
-    /// The join's key pairs, each an expression over side 0, one over side
-    /// 1, and whether NULL matches NULL (`IS NOT DISTINCT FROM`).
-    on: Vec<(Expr, Expr, bool)>,
+/// A block's rows that are an inner join of its leaves (at most 64).
+struct Leaves {
+    sides: Vec<Side>,
+    /// The join's key pairs (as written, either way round) and whether
+    /// NULL matches NULL (`IS NOT DISTINCT FROM`).
+    pairs: Vec<(Expr, Expr, bool)>,
+    /// The conditions over several leaves that are not such pairs.
+    conditions: Vec<Expr>,
 }
 
 /// Where an expression's columns come from.
 #[derive(Debug, Clone, Copy, Default)]
 struct Reads {
-    /// Columns of the leaf of each side.
-    leaf: [bool; 2],
+    /// Columns of each leaf, by its bit.
+    leaves: u64,
     /// The seed relation's columns (unqualified).
     seed: bool,
     /// Columns of anything else.
@@ -81,107 +87,105 @@ struct Reads {
 }
 
 impl Reads {
-    fn of(e: &Expr, qualifiers: [&TableReference; 2]) -> Reads {
+    fn of(e: &Expr, sides: &[Side]) -> Reads {
         let mut reads = Reads::default();
         for c in e.column_refs() {
             match &c.relation {
-                Some(q) if q == qualifiers[0] => reads.leaf[0] = true,
-                Some(q) if q == qualifiers[1] => reads.leaf[1] = true,
-                Some(_) => reads.other = true,
+                Some(q) => match sides.iter().position(|s| s.qualifier == *q) {
+                    Some(i) => reads.leaves |= 1 << i,
+                    None => reads.other = true,
+                },
                 None => reads.seed = true,
             }
         }
         reads
     }
 
-    /// `Some(s)` when it reads the leaf of side `s` and nothing else.
-    fn one_leaf(self) -> Option<usize> {
-        match (self.leaf, self.seed || self.other) {
-            ([true, false], false) => Some(0),
-            ([false, true], false) => Some(1),
-            _ => None,
-        }
+    /// Whether it reads leaves among `leaves` (at least one) and nothing
+    /// else.
+    fn only(self, leaves: u64) -> bool {
+        self.leaves != 0 && self.leaves & !leaves == 0 && !self.seed && !self.other
     }
 }
 
-impl TwoLeaves {
-    /// `rows` as two leaves joined (conditions on one leaf alone above the
-    /// join), or `None`.
-    fn of(rows: &LogicalPlan, leaf: impl Fn(&TableReference) -> bool) -> Option<TwoLeaves> {
-        let mut conditions = vec![];
-        let mut plan = rows;
-        while let LogicalPlan::Filter(f) = plan {
-            conditions.extend(split_conjunction(&f.predicate).into_iter().cloned());
-            plan = &f.input;
-        }
-        let LogicalPlan::Join(j) = plan else {
-            return None;
+impl Leaves {
+    /// `rows` as leaves joined, or `None`.
+    fn of(rows: &LogicalPlan, leaf: &impl Fn(&TableReference) -> bool) -> Option<Leaves> {
+        let mut leaves = Leaves {
+            sides: vec![],
+            pairs: vec![],
+            conditions: vec![],
         };
-        if j.join_type != JoinType::Inner || j.null_aware {
+        leaves.take(rows, leaf)?;
+        // A volatile condition holds per joined row, not per leaf's row.
+        let volatile = leaves
+            .pairs
+            .iter()
+            .any(|(a, b, _)| a.is_volatile() || b.is_volatile());
+        if volatile || leaves.conditions.iter().any(Expr::is_volatile) || leaves.sides.len() > 64 {
             return None;
         }
-        let side = |p: &LogicalPlan| match p {
-            LogicalPlan::SubqueryAlias(s) if leaf(&s.alias) => Some(Side {
-                qualifier: s.alias.clone(),
-                rows: p.clone(),
-                filters: vec![],
-            }),
+        // The conditions on one leaf go with it.
+        let mut across = vec![];
+        for c in std::mem::take(&mut leaves.conditions) {
+            let reads = Reads::of(&c, &leaves.sides);
+            match reads.leaves.count_ones() == 1 && reads.only(reads.leaves) {
+                true => leaves.sides[reads.leaves.trailing_zeros() as usize]
+                    .filters
+                    .push(c),
+                false => across.push(c),
+            }
+        }
+        leaves.conditions = across;
+        Some(leaves)
+    }
+
+    /// Collects the leaves, key pairs and conditions of `plan`.
+    fn take(&mut self, plan: &LogicalPlan, leaf: &impl Fn(&TableReference) -> bool) -> Option<()> {
+        match plan {
+            LogicalPlan::Filter(f) => {
+                self.conditions
+                    .extend(split_conjunction(&f.predicate).into_iter().cloned());
+                self.take(&f.input, leaf)
+            }
+            LogicalPlan::Join(j) if j.join_type == JoinType::Inner && !j.null_aware => {
+                self.take(&j.left, leaf)?;
+                self.take(&j.right, leaf)?;
+                let nulls_match = j.null_equality == NullEquality::NullEqualsNull;
+                let on =
+                    j.on.iter()
+                        .map(|(a, b)| (a.clone(), b.clone(), nulls_match));
+                self.pairs.extend(on);
+                // The condition not yet split into keys (as the SQL planner
+                // leaves it): its equalities across the target and the rest
+                // are keys too.
+                self.conditions
+                    .extend(j.filter.iter().flat_map(split_conjunction).cloned());
+                Some(())
+            }
+            LogicalPlan::SubqueryAlias(s) if leaf(&s.alias) => {
+                self.sides.push(Side {
+                    qualifier: s.alias.clone(),
+                    rows: plan.clone(),
+                    filters: vec![],
+                });
+                Some(())
+            }
             _ => None,
+        }
+    }
+
+    /// The pair `(a, b)` as a condition.
+    fn condition((a, b, nulls_match): &(Expr, Expr, bool)) -> Expr {
+        let op = match nulls_match {
+            true => Operator::IsNotDistinctFrom,
+            false => Operator::Eq,
         };
-        let mut sides = [side(&j.left)?, side(&j.right)?];
-        let qualifiers = [&sides[0].qualifier, &sides[1].qualifier];
-        let schema = j.schema.as_ref();
-        // A pair of keys, one over each side, of one type.
-        let pair = |a: &Expr, b: &Expr| -> Option<(Expr, Expr)> {
-            let same = matches!(
-                (a.get_type(schema), b.get_type(schema)),
-                (Ok(x), Ok(y)) if x == y
-            );
-            let sides = (
-                Reads::of(a, qualifiers).one_leaf(),
-                Reads::of(b, qualifiers).one_leaf(),
-            );
-            match sides {
-                _ if !same => None,
-                (Some(0), Some(1)) => Some((a.clone(), b.clone())),
-                (Some(1), Some(0)) => Some((b.clone(), a.clone())),
-                _ => None,
-            }
-        };
-        let nulls_match = j.null_equality == NullEquality::NullEqualsNull;
-        let mut on = Vec::with_capacity(j.on.len());
-        for (a, b) in &j.on {
-            let (a, b) = pair(a, b)?;
-            on.push((a, b, nulls_match));
-        }
-        // The condition not yet split into keys (as the SQL planner leaves
-        // it): equalities between the sides are keys too.
-        if let Some(filter) = &j.filter {
-            conditions.extend(split_conjunction(filter).into_iter().cloned());
-        }
-        // A volatile condition holds per joined row, not per side's row.
-        if conditions.iter().any(Expr::is_volatile) {
-            return None;
-        }
-        let mut filters: [Vec<Expr>; 2] = [vec![], vec![]];
-        for c in conditions {
-            match Reads::of(&c, qualifiers).one_leaf() {
-                Some(s) => filters[s].push(c),
-                None => match &c {
-                    Expr::BinaryExpr(BinaryExpr { left, op, right })
-                        if matches!(op, Operator::Eq | Operator::IsNotDistinctFrom) =>
-                    {
-                        let (a, b) = pair(left, right)?;
-                        on.push((a, b, *op == Operator::IsNotDistinctFrom));
-                    }
-                    _ => return None,
-                },
-            }
-        }
-        let [f0, f1] = filters;
-        sides[0].filters = f0;
-        sides[1].filters = f1;
-        Some(TwoLeaves { sides, on })
+        Expr::BinaryExpr(BinaryExpr::new(
+            Box::new(a.clone()),
+            op,
+            Box::new(b.clone()),
+        ))
     }
 }
 
@@ -248,40 +252,62 @@ pub(super) fn summed_per_row(
     partials: &[(String, Expr)],
     is_leaf: impl Fn(&TableReference) -> bool,
 ) -> Result<Option<LogicalPlan>> {
-    let Some(two) = TwoLeaves::of(rows, is_leaf) else {
+    let Some(leaves) = Leaves::of(rows, &is_leaf) else {
         return Ok(None);
     };
-    let t = match &two.sides {
-        [a, _] if a.qualifier == *target => 0,
-        [_, b] if b.qualifier == *target => 1,
-        _ => return Ok(None),
+    let sides = &leaves.sides;
+    if sides.len() < 2 {
+        return Ok(None);
+    }
+    let Some(t) = sides.iter().position(|s| s.qualifier == *target) else {
+        return Ok(None);
     };
-    let o = 1 - t;
-    let qualifiers = [&two.sides[0].qualifier, &two.sides[1].qualifier];
+    let mine_bit = 1u64 << t;
+    let others_bits = (u64::MAX >> (64 - sides.len())) & !mine_bit;
+    // Each condition: on the target, on the rest, or a key pair between
+    // them (the rest's expression first).
+    let (mut on_mine, mut on_others) = (sides[t].filters.clone(), vec![]);
+    let mut on: Vec<(Expr, Expr, bool)> = vec![];
+    let pairs = leaves.pairs.iter().map(Leaves::condition);
+    for c in pairs.chain(leaves.conditions.iter().cloned()) {
+        let reads = Reads::of(&c, sides);
+        if reads.only(mine_bit) {
+            on_mine.push(c);
+        } else if reads.only(others_bits) {
+            on_others.push(c);
+        } else {
+            let Some((theirs, mine, nulls_match)) = key_pair(&c, sides, others_bits, mine_bit)
+            else {
+                return Ok(None);
+            };
+            if theirs.get_type(rows.schema())? != mine.get_type(rows.schema())? {
+                return Ok(None);
+            }
+            on.push((theirs, mine, nulls_match));
+        }
+    }
     // The schema the partials are over: the rows joined to the seed.
     let seeded = match seed {
         Some((relation, _)) => relation.schema().join(rows.schema())?,
         None => rows.schema().as_ref().clone(),
     };
     // The seed's keys by the side they read.
-    let (mut seed_on_target, mut seed_on_other) = (vec![], vec![]);
+    let (mut seed_on_mine, mut seed_on_others) = (vec![], vec![]);
     if let Some((_, keys)) = seed {
         for (j, k) in keys.iter().enumerate() {
-            match Reads::of(k, qualifiers).one_leaf() {
-                Some(s) if s == t => seed_on_target.push((k.clone(), j)),
-                Some(_) => seed_on_other.push((k.clone(), j)),
-                None => return Ok(None),
+            let reads = Reads::of(k, sides);
+            match () {
+                _ if reads.only(mine_bit) => seed_on_mine.push((k.clone(), j)),
+                _ if reads.only(others_bits) => seed_on_others.push((k.clone(), j)),
+                _ => return Ok(None),
             }
         }
     }
-    // The seed joins the other side where some of its keys are there (the
-    // sums then run over the other side's rows and the adjoints), else the
-    // target's rows (its adjoints are then a factor of the target's).
-    let seed_side = match seed_on_other.is_empty() {
-        true => t,
-        false => o,
-    };
-    // Each partial as (the target's factor, the other side's).
+    // The seed joins the rest where some of its keys are there (the sums
+    // then run over the rest's rows and the adjoints), else the target's
+    // rows (its adjoints are then a factor of the target's).
+    let seed_with_others = !seed_on_others.is_empty();
+    // Each partial as (the target's factor, the rest's).
     let mut split = Vec::with_capacity(partials.len());
     for (_, partial) in partials {
         let mut all = vec![];
@@ -290,10 +316,10 @@ pub(super) fn summed_per_row(
         }
         let (mut mine, mut theirs) = (vec![], vec![]);
         for f in all {
-            let reads = Reads::of(&f, qualifiers);
-            let on_target = reads.leaf[t] || (reads.seed && seed_side == t);
-            let on_other = reads.leaf[o] || (reads.seed && seed_side == o);
-            match (on_target, on_other) {
+            let reads = Reads::of(&f, sides);
+            let on_target = reads.leaves & mine_bit != 0 || (reads.seed && !seed_with_others);
+            let on_rest = reads.leaves & others_bits != 0 || (reads.seed && seed_with_others);
+            match (on_target, on_rest) {
                 _ if reads.other => return Ok(None),
                 (true, true) => return Ok(None),
                 (true, false) => mine.push(f),
@@ -302,41 +328,100 @@ pub(super) fn summed_per_row(
         }
         split.push((product(mine), product(theirs)));
     }
-    let pick = |pair: &(Expr, Expr, bool), s: usize| match s {
-        0 => pair.0.clone(),
-        _ => pair.1.clone(),
-    };
-    // The other side's rows that can join: its own conditions, and keys
-    // not NULL where NULL matches nothing (then every key pair can match
-    // NULL to NULL: the other side has none).
-    let mut conditions = two.sides[o].filters.clone();
-    let unmatched = two.on.iter().filter(|p| !p.2);
-    conditions.extend(unmatched.map(|p| pick(p, o).is_not_null()));
-    let mut other = filtered(two.sides[o].rows.clone(), conditions)?;
-    let mut mine = filtered(two.sides[t].rows.clone(), two.sides[t].filters.clone())?;
-    if let Some((relation, _)) = seed {
-        let (rows, keys) = match seed_side == o {
-            true => (&mut other, &seed_on_other),
-            false => (&mut mine, &seed_on_target),
-        };
+    // The rest's rows that can join: their own conditions, and keys not
+    // NULL where NULL matches nothing (then every key pair can match NULL
+    // to NULL: the rest has none).
+    let unmatched = on.iter().filter(|p| !p.2);
+    on_others.extend(unmatched.map(|p| p.0.clone().is_not_null()));
+    let mut mine = filtered(sides[t].rows.clone(), on_mine)?;
+    let seed_join = |rows: LogicalPlan, keys: &[(Expr, usize)]| -> Result<LogicalPlan> {
+        let (relation, _) = seed.expect("a seed");
         let on = keys
             .iter()
             .map(|(k, j)| (k.clone(), Placeholder::Key.column(*j)))
             .collect();
         // NULL equal to NULL, as the groups' keys; the rows whose keys NULL
         // must not match were dropped before.
-        *rows = key_join(rows.clone(), relation.clone(), on, JoinType::Inner)?;
+        key_join(rows, relation.clone(), on, JoinType::Inner)
+    };
+    // The rest joined: the seed first with the leaf its keys read (the
+    // sums' rows are then that leaf's joined to the adjoints, each meeting
+    // the other leaves' rows of its keys), then the leaves in turn, each
+    // with the conditions its rows complete.
+    let seed_leaf = match seed_on_others
+        .iter()
+        .map(|(k, _)| Reads::of(k, sides).leaves)
+        .reduce(|a, b| a | b)
+    {
+        Some(bits) if bits.count_ones() == 1 => Some(bits.trailing_zeros() as usize),
+        _ => None,
+    };
+    let mut order: Vec<usize> = (0..sides.len()).filter(|&i| i != t).collect();
+    if let Some(first) = seed_leaf {
+        order.retain(|&i| i != first);
+        order.insert(0, first);
+    }
+    let mut joined_bits = 0u64;
+    let mut other: Option<LogicalPlan> = None;
+    for i in order {
+        joined_bits |= 1 << i;
+        let (now, later): (Vec<Expr>, Vec<Expr>) = std::mem::take(&mut on_others)
+            .into_iter()
+            .partition(|c| Reads::of(c, sides).leaves & !joined_bits == 0);
+        on_others = later;
+        let next = match other {
+            None => {
+                let conditions = sides[i].filters.iter().cloned().chain(now).collect();
+                filtered(sides[i].rows.clone(), conditions)?
+            }
+            Some(plan) => {
+                // Its equalities with the leaves before as keys, NULL equal
+                // to NULL (the keys under `=` not NULL: filtered before),
+                // as every join built here: DataFusion's optimizer
+                // flattens inner joins under one NULL rule.
+                let before = joined_bits & !(1 << i);
+                let (mut keys, mut rest) = (vec![], vec![]);
+                let (mut left, mut right) = (vec![], sides[i].filters.clone());
+                for c in now {
+                    match key_pair(&c, sides, before, 1 << i) {
+                        Some((a, b, nulls_match)) => {
+                            if !nulls_match {
+                                left.push(a.clone().is_not_null());
+                                right.push(b.clone().is_not_null());
+                            }
+                            keys.push((a, b));
+                        }
+                        None => rest.push(c),
+                    }
+                }
+                let leaf = filtered(sides[i].rows.clone(), right)?;
+                let joined = key_join(filtered(plan, left)?, leaf, keys, JoinType::Inner)?;
+                filtered(joined, rest)?
+            }
+        };
+        other = Some(match seed_leaf == Some(i) {
+            true => seed_join(next, &seed_on_others)?,
+            false => next,
+        });
+    }
+    let mut other = other.expect("two leaves or more");
+    if seed.is_some() {
+        match seed_with_others {
+            true if seed_leaf.is_none() => other = seed_join(other, &seed_on_others)?,
+            true => {}
+            false => mine = seed_join(mine, &seed_on_mine)?,
+        }
     }
     // The target's keys into S: the join keys, and the target's group keys
-    // where the seed is summed with the other side.
-    let seed_on_target = match seed_side == o {
-        true => seed_on_target,
+    // where the seed is summed with the rest.
+    let seed_on_mine = match seed_with_others {
+        true => seed_on_mine,
         false => vec![],
     };
-    // S: the other side's factors summed per join key and target group.
-    let mut groups: Vec<Expr> = two.on.iter().map(|p| pick(p, o)).collect();
+    // S: the rest's factors summed per join key and target group.
+    let mut groups: Vec<Expr> = on.iter().map(|p| p.0.clone()).collect();
     groups.extend(
-        seed_on_target
+        seed_on_mine
             .iter()
             .map(|(_, j)| Placeholder::Key.column(*j)),
     );
@@ -351,7 +436,7 @@ pub(super) fn summed_per_row(
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let at = two.on.len() + seed_on_target.len();
+            let at = on.len() + seed_on_mine.len();
             let name = match i < at {
                 true => Placeholder::JoinKey.name(i),
                 false => Placeholder::Contracted.name(i - at),
@@ -361,14 +446,14 @@ pub(super) fn summed_per_row(
         .collect();
     let contracted = LogicalPlan::Projection(Projection::try_new(names, Arc::new(contracted))?);
     // The target's rows, each meeting its row of S.
-    let keys = two.on.iter().map(|p| pick(p, t));
-    let keys = keys.chain(seed_on_target.iter().map(|(k, _)| k.clone()));
+    let keys = on.iter().map(|p| p.1.clone());
+    let keys = keys.chain(seed_on_mine.iter().map(|(k, _)| k.clone()));
     let on = keys
         .enumerate()
         .map(|(i, k)| (k, Placeholder::JoinKey.column(i)))
         .collect();
     let met = key_join(mine, contracted, on, JoinType::Inner)?;
-    let mut exprs = columns(&two.sides[t].rows);
+    let mut exprs = columns(&sides[t].rows);
     for (n, ((name, _), (mine, _))) in partials.iter().zip(split).enumerate() {
         exprs.push((mine * Placeholder::Contracted.column(n)).alias(name));
     }
@@ -376,6 +461,34 @@ pub(super) fn summed_per_row(
         exprs,
         Arc::new(met),
     )?)))
+}
+
+/// The condition `c` as a key pair — an expression over the leaves
+/// `left` (bits), one over the leaves `right`, and whether NULL matches
+/// NULL — where it is `=` or `IS NOT DISTINCT FROM` of such expressions.
+fn key_pair(c: &Expr, sides: &[Side], left: u64, right: u64) -> Option<(Expr, Expr, bool)> {
+    let Expr::BinaryExpr(BinaryExpr {
+        left: a,
+        op,
+        right: b,
+    }) = c
+    else {
+        return None;
+    };
+    if !matches!(op, Operator::Eq | Operator::IsNotDistinctFrom) {
+        return None;
+    }
+    let (ra, rb) = (Reads::of(a, sides), Reads::of(b, sides));
+    let (l, r) = match () {
+        _ if ra.only(left) && rb.only(right) => (a, b),
+        _ if ra.only(right) && rb.only(left) => (b, a),
+        _ => return None,
+    };
+    Some((
+        l.as_ref().clone(),
+        r.as_ref().clone(),
+        *op == Operator::IsNotDistinctFrom,
+    ))
 }
 
 /// `rows` kept where every one of `conditions` holds.
