@@ -13,7 +13,8 @@
 //! A leaf is a subtree the backward pass treats as a whole: a scan of the
 //! parameter relation, an aggregate (the next block down), an uncorrelated
 //! scalar subquery, or anything that does not read the parameter rows
-//! (data, constant with respect to them). Each leaf is renamed
+//! (data, constant with respect to them) other than an inner join, whose
+//! inputs are leaves. Each leaf is renamed
 //! `__dfgrad_leaf{k}.__dfgrad_c{i}`, so that two scans of one table never
 //! clash, and carries `__dfgrad_present`, NULL where an outer join padded
 //! it.
@@ -160,7 +161,15 @@ impl<'a> Blocks<'a> {
             return Ok(vec![self.leaf(plan, LeafKind::Parameter)?]);
         }
         if !self.reads(plan)? {
-            return Ok(vec![self.leaf(plan, LeafKind::Data)?]);
+            return match plan {
+                // An inner join of data: its inputs are leaves of their own,
+                // so that a backward pass can sum over some of them before
+                // it meets the others (see `factored`).
+                LogicalPlan::Join(j) if j.join_type == JoinType::Inner && !j.null_aware => {
+                    self.join(j)
+                }
+                _ => Ok(vec![self.leaf(plan, LeafKind::Data)?]),
+            };
         }
         match plan {
             LogicalPlan::Projection(p) => self
