@@ -413,6 +413,35 @@ fn ints(values: impl IntoIterator<Item = Option<i64>>) -> ArrayRef {
     Arc::new(values.into_iter().collect::<Int64Array>())
 }
 
+/// A row of a test relation: two keys and a value.
+type Row = (Option<i64>, Option<i64>, Option<f64>);
+
+/// Registers `rows` as the table `name`: key columns named `keys`, then
+/// `v` and the row's id `i`.
+fn register(ctx: &SessionContext, name: &str, keys: [&str; 2], rows: &[Row]) -> Result<()> {
+    let batch = RecordBatch::try_from_iter(vec![
+        (keys[0], ints(rows.iter().map(|r| r.0))),
+        (keys[1], ints(rows.iter().map(|r| r.1))),
+        ("v", floats(rows.iter().map(|r| r.2))),
+        ("i", ints((0..rows.len() as i64).map(Some))),
+    ])?;
+    ctx.register_batch(name, batch)?;
+    Ok(())
+}
+
+/// Asserts that each gradient is the expected one to 1e-9 (relative),
+/// NULL where it is expected NULL.
+fn same_gradients(got: &[Option<f64>], expected: &[Option<f64>], what: &str) {
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        let same = match (g, e) {
+            (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
+            (None, None) => true,
+            _ => false,
+        };
+        assert!(same, "{what} row {i}: {g:?} vs {e:?}");
+    }
+}
+
 /// `grad(loss, {table}.v)` at each row of `table`, by its id `i`; whether
 /// the plan shows a contraction must be `contracted` (the forward
 /// aggregates are shared, out of sight: this is the backward pass's).
@@ -470,13 +499,13 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
             (!rng.random_bool(nulls)).then_some(v)
         };
         // x(a, b, v, i), w(a, b, v, i): x.b meets w.a
-        let x: Vec<(Option<i64>, Option<i64>, Option<f64>)> = (0..rng.random_range(1..200))
+        let x: Vec<Row> = (0..rng.random_range(1..200))
             .map(|_| {
                 let (a, b) = (rng.random_range(0..6), rng.random_range(0..5));
                 (maybe(&mut rng, a), maybe(&mut rng, b), value(&mut rng))
             })
             .collect();
-        let w: Vec<(Option<i64>, Option<i64>, Option<f64>)> = (0..rng.random_range(1..40))
+        let w: Vec<Row> = (0..rng.random_range(1..40))
             .map(|_| {
                 let (a, b) = (rng.random_range(0..5), rng.random_range(0..4));
                 (maybe(&mut rng, a), maybe(&mut rng, b), value(&mut rng))
@@ -537,13 +566,7 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
             SessionConfig::new().with_target_partitions(partitions),
         );
         for (name, rows) in [("x", &x), ("w", &w)] {
-            let batch = RecordBatch::try_from_iter(vec![
-                ("a", ints(rows.iter().map(|r| r.0))),
-                ("b", ints(rows.iter().map(|r| r.1))),
-                ("v", floats(rows.iter().map(|r| r.2))),
-                ("i", ints((0..rows.len() as i64).map(Some))),
-            ])?;
-            ctx.register_batch(name, batch)?;
+            register(&ctx, name, ["a", "b"], rows)?;
         }
         let on = match distinct {
             true => "x.b IS NOT DISTINCT FROM w.a",
@@ -565,14 +588,7 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
             [("x", &expected_x, false), ("w", &expected_w, w_contracted)]
         {
             let got = gradients(&ctx, "l", table, expected.len(), contracted).await?;
-            for (i, (g, e)) in got.iter().zip(expected).enumerate() {
-                let same = match (g, e) {
-                    (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
-                    (None, None) => true,
-                    _ => false,
-                };
-                assert!(same, "case {case} ({on}), {table} row {i}: {g:?} vs {e:?}");
-            }
+            same_gradients(&got, expected, &format!("case {case} ({on}), {table}"));
         }
     }
     Ok(())
@@ -581,15 +597,14 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
 /// Matrix factorization's block of three inputs: `p(a, b) = Σ u.v · f.v`
 /// over `r JOIN u ON u.a = r.a JOIN f ON f.b = r.b AND f.k = u.k` (`=` or
 /// `IS NOT DISTINCT FROM` for the factor keys), a condition on the ratings
-/// and on each factor table, loss `Σ p²`: gradients with respect to the
-/// rows of `u` and of `f` (the rest of the block is two inputs joined)
-/// against the sums written out here, NULL keys and values and repeated
-/// rows included.
+/// and on each factor table (and in some cases one across the ratings and
+/// `f`), loss `Σ p²`: gradients with respect to the rows of `u` and of `f`
+/// (the rest of the block is two inputs joined) against the sums written
+/// out here, NULL keys and values and repeated rows included.
 #[tokio::test]
 async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
-    type Row = (Option<i64>, Option<i64>, Option<f64>);
     let mut rng = StdRng::seed_from_u64(4747);
-    for case in 0..12 {
+    for case in 0..24 {
         let nulls = [0.0, 0.1, 0.25][case % 3];
         let distinct = case % 2 == 1;
         let maybe = |rng: &mut StdRng, v: i64| (!rng.random_bool(nulls)).then_some(v);
@@ -607,6 +622,9 @@ async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
         };
         // r(a, b, v): ratings of user a for item b; u(a, k, v); f(b, k, v)
         let (r, u, f) = (draw(60, 5, 4), draw(18, 5, 3), draw(14, 4, 3));
+        // a condition across the ratings and f (for u's gradient, on the
+        // rest; for f's, across it and the rest: the joined form)
+        let across = (case / 4) % 2 == 1;
         let eq = |x: Option<i64>, y: Option<i64>| x.is_some() && x == y;
         let keyed = |x: Option<i64>, y: Option<i64>| match distinct {
             true => x == y,
@@ -621,7 +639,8 @@ async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
         for (ri, rr) in r.iter().enumerate().filter(|(_, x)| r_kept(x.2)) {
             for (ui, ur) in u.iter().enumerate().filter(|(_, x)| u_kept(x.2)) {
                 for (fi, fr) in f.iter().enumerate().filter(|(_, x)| f_kept(x.2)) {
-                    if eq(ur.0, rr.0) && eq(fr.0, rr.1) && keyed(fr.1, ur.1) {
+                    let extra = !across || rr.2.zip(fr.2).is_some_and(|(x, y)| x + y < 3.5);
+                    if eq(ur.0, rr.0) && eq(fr.0, rr.1) && keyed(fr.1, ur.1) && extra {
                         joined.push((ri, ui, fi));
                     }
                 }
@@ -656,43 +675,37 @@ async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
         let ctx = datafusion_grad::session_context_with_config(
             SessionConfig::new().with_target_partitions(partitions),
         );
-        for (name, rows, a, b) in [
-            ("r", &r, "a", "b"),
-            ("u", &u, "a", "k"),
-            ("f", &f, "b", "k"),
+        for (name, rows, keys) in [
+            ("r", &r, ["a", "b"]),
+            ("u", &u, ["a", "k"]),
+            ("f", &f, ["b", "k"]),
         ] {
-            let batch = RecordBatch::try_from_iter(vec![
-                (a, ints(rows.iter().map(|r| r.0))),
-                (b, ints(rows.iter().map(|r| r.1))),
-                ("v", floats(rows.iter().map(|r| r.2))),
-                ("i", ints((0..rows.len() as i64).map(Some))),
-            ])?;
-            ctx.register_batch(name, batch)?;
+            register(&ctx, name, keys, rows)?;
         }
         let k = match distinct {
             true => "f.k IS NOT DISTINCT FROM u.k",
             false => "f.k = u.k",
         };
+        let extra = match across {
+            true => "AND r.v + f.v < 3.5",
+            false => "",
+        };
         ctx.sql(&format!(
             "CREATE VIEW l AS SELECT sum(p * p) AS loss FROM (SELECT r.a, r.b, sum(u.v * f.v) AS p \
              FROM r JOIN u ON u.a = r.a JOIN f ON f.b = r.b AND {k} \
-             WHERE r.v > -1.8 AND u.v < 1.9 AND f.v > -1.9 GROUP BY r.a, r.b)"
+             WHERE r.v > -1.8 AND u.v < 1.9 AND f.v > -1.9 {extra} GROUP BY r.a, r.b)"
         ))
         .await?
         .collect()
         .await?;
         // each factor's gradient: a contraction of the ratings (with their
-        // adjoints) and the other factor, where the aggregate is partial
+        // adjoints) and the other factor, where the aggregate is partial and
+        // no condition reads both (for u's, the sums' join then has a
+        // filter: the join + aggregate runs them)
         for (table, expected) in [("u", expected(true)), ("f", expected(false))] {
-            let got = gradients(&ctx, "l", table, expected.len(), partitions > 1).await?;
-            for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
-                let same = match (g, e) {
-                    (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
-                    (None, None) => true,
-                    _ => false,
-                };
-                assert!(same, "case {case} ({k}), {table} row {i}: {g:?} vs {e:?}");
-            }
+            let contracted = partitions > 1 && !across;
+            let got = gradients(&ctx, "l", table, expected.len(), contracted).await?;
+            same_gradients(&got, &expected, &format!("case {case} ({k}), {table}"));
         }
     }
     Ok(())

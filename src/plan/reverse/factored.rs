@@ -382,8 +382,13 @@ pub(super) fn summed_per_row(
                 let before = joined_bits & !(1 << i);
                 let (mut keys, mut rest) = (vec![], vec![]);
                 let (mut left, mut right) = (vec![], sides[i].filters.clone());
+                let schema = rows.schema();
                 for c in now {
-                    match key_pair(&c, sides, before, 1 << i) {
+                    let pair = key_pair(&c, sides, before, 1 << i).filter(|(a, b, _)| {
+                        matches!(
+                            (a.get_type(schema), b.get_type(schema)), (Ok(x), Ok(y)) if x == y)
+                    });
+                    match pair {
                         Some((a, b, nulls_match)) => {
                             if !nulls_match {
                                 left.push(a.clone().is_not_null());
@@ -391,7 +396,20 @@ pub(super) fn summed_per_row(
                             }
                             keys.push((a, b));
                         }
-                        None => rest.push(c),
+                        // An `=` that DataFusion may still take for a key
+                        // of these joins: its sides not NULL, as it says.
+                        None => {
+                            if let Expr::BinaryExpr(BinaryExpr {
+                                left: a,
+                                op: Operator::Eq,
+                                right: b,
+                            }) = &c
+                            {
+                                rest.push(a.as_ref().clone().is_not_null());
+                                rest.push(b.as_ref().clone().is_not_null());
+                            }
+                            rest.push(c);
+                        }
                     }
                 }
                 let leaf = filtered(sides[i].rows.clone(), right)?;
