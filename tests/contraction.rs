@@ -371,34 +371,8 @@ async fn gradients_of_a_product_are_its_sums() -> Result<()> {
             };
             assert!(same, "case {case}, w row ({k:?}, {j}): {g:?} vs {e:?}");
         }
-        let sql = "SELECT x.i, grad((SELECT loss FROM l), x.v) AS g FROM x";
-        let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-        let shown = displayable(plan.as_ref()).indent(false).to_string();
-        assert!(shown.contains("ContractionExec"), "case {case}: {shown}");
-        let mut got = vec![None; x.len()];
-        for batch in collect(plan, ctx.task_ctx()).await? {
-            let i = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap();
-            let g = batch
-                .column(1)
-                .as_any()
-                .downcast_ref::<Float64Array>()
-                .unwrap();
-            for row in 0..batch.num_rows() {
-                got[i.value(row) as usize] = Some(g.is_valid(row).then(|| g.value(row)));
-            }
-        }
-        for (i, e) in expected_x.iter().enumerate() {
-            let same = match (got[i].expect("every row of x"), e) {
-                (Some(g), Some(e)) => (g - e).abs() <= 1e-9 * (1.0 + e.abs()),
-                (None, None) => true,
-                _ => false,
-            };
-            assert!(same, "case {case}, x row {i}: {:?} vs {e:?}", got[i]);
-        }
+        let got = gradients(&ctx, "l", "x", x.len(), true).await?;
+        same_gradients(&got, &expected_x, &format!("case {case}, x"));
     }
     Ok(())
 }
@@ -518,49 +492,42 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
         // the conditions: x.v > -1.5 (NULL: false), w.b < 3
         let x_kept = |xv: Option<f64>| xv.is_some_and(|v| v > -1.5);
         let w_kept = |wb: Option<i64>| wb.is_some_and(|b| b < 3);
-        let mut z: BTreeMap<Option<i64>, Option<f64>> = BTreeMap::new();
-        for &(a, b, xv) in x.iter().filter(|r| x_kept(r.2)) {
-            for &(wa, _, wv) in w.iter().filter(|r| w_kept(r.1)) {
-                if meets(b, wa) {
-                    let sum = z.entry(a).or_insert(None);
-                    if let (Some(xv), Some(wv)) = (xv, wv) {
-                        *sum = Some(sum.unwrap_or(0.0) + xv * wv);
-                    }
+        // the joined rows (x, w indexes)
+        let mut joined = vec![];
+        for (xi, xr) in x.iter().enumerate().filter(|(_, r)| x_kept(r.2)) {
+            for (wi, wr) in w.iter().enumerate().filter(|(_, r)| w_kept(r.1)) {
+                if meets(xr.1, wr.0) {
+                    joined.push((xi, wi));
                 }
             }
         }
-        let expected_x: Vec<Option<f64>> = (x.iter())
-            .map(|&(a, b, xv)| {
-                xv?;
-                let mut g = 0.0;
-                for &(wa, wb, wv) in &w {
-                    if let (true, true, Some(wv), Some(Some(z))) =
-                        (x_kept(xv), w_kept(wb), wv, z.get(&a))
-                    {
-                        if meets(b, wa) {
-                            g += 2.0 * z * wv;
+        let mut z: BTreeMap<Option<i64>, Option<f64>> = BTreeMap::new();
+        for &(xi, wi) in &joined {
+            let sum = z.entry(x[xi].0).or_insert(None);
+            if let (Some(xv), Some(wv)) = (x[xi].2, w[wi].2) {
+                *sum = Some(sum.unwrap_or(0.0) + xv * wv);
+            }
+        }
+        // each row's gradient: 2·z times the other side's value, over the
+        // joined rows it is in (NULL for a NULL value)
+        let expected = |of_x: bool| -> Vec<Option<f64>> {
+            let rows = if of_x { &x } else { &w };
+            (0..rows.len())
+                .map(|i| {
+                    rows[i].2?;
+                    let mut g = 0.0;
+                    for &(xi, wi) in &joined {
+                        let (mine, theirs) = if of_x { (xi, w[wi].2) } else { (wi, x[xi].2) };
+                        if let (true, Some(t), Some(Some(z))) = (mine == i, theirs, z.get(&x[xi].0))
+                        {
+                            g += 2.0 * z * t;
                         }
                     }
-                }
-                Some(g)
-            })
-            .collect();
-        let expected_w: Vec<Option<f64>> = (w.iter())
-            .map(|&(wa, wb, wv)| {
-                wv?;
-                let mut g = 0.0;
-                for &(a, b, xv) in &x {
-                    if let (true, true, Some(xv), Some(Some(z))) =
-                        (x_kept(xv), w_kept(wb), xv, z.get(&a))
-                    {
-                        if meets(b, wa) {
-                            g += 2.0 * z * xv;
-                        }
-                    }
-                }
-                Some(g)
-            })
-            .collect();
+                    Some(g)
+                })
+                .collect()
+        };
+        let (expected_x, expected_w) = (expected(true), expected(false));
         let partitions = 1 + case % 3;
         let ctx = datafusion_grad::session_context_with_config(
             SessionConfig::new().with_target_partitions(partitions),
