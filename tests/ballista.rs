@@ -723,5 +723,19 @@ async fn the_scheduler_plans_contractions_that_travel() -> Result<()> {
         "datafusion_grad.contraction = false",
     )
     .await?;
+    // a chain (three inputs: the rows streamed, both factors listed)
+    let query = "SELECT d.g, sum(d.x * a.w * b.w) AS s \
+                 FROM (SELECT i % 3 AS k, i % 5 AS g, i % 2 AS m, x FROM t) AS d \
+                 JOIN (VALUES (0, 0, 0.5), (1, 1, 1.5), (2, 0, 2.5), (2, 1, -1.0)) AS a(k, c, w) \
+                 ON a.k = d.k \
+                 JOIN (VALUES (0, 0, 1.0), (1, 0, 2.0), (0, 1, 3.0), (1, 1, -2.0)) AS b(m, c, w) \
+                 ON b.m = d.m AND b.c = a.c GROUP BY d.g ORDER BY d.g";
+    travels(
+        query,
+        &["datafusion.optimizer.prefer_hash_join = true"],
+        "links=",
+        "datafusion_grad.contraction = false",
+    )
+    .await?;
     Ok(())
 }

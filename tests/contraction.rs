@@ -87,17 +87,14 @@ fn relation(rng: &mut StdRng, rows: usize, ka: Keys, kb: Keys, nulls: f64) -> Re
 }
 
 /// The rows of `sql` by their group columns (the first `groups`), each
-/// with its sums; and whether the plan has a `ContractionExec`.
+/// with its sums; and its plan.
 async fn answer(
     ctx: &SessionContext,
     sql: &str,
     groups: usize,
-) -> Result<(BTreeMap<Vec<String>, Vec<Option<f64>>>, bool)> {
+) -> Result<(BTreeMap<Vec<String>, Vec<Option<f64>>>, String)> {
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-    let contracted = displayable(plan.as_ref())
-        .indent(false)
-        .to_string()
-        .contains("ContractionExec");
+    let text = displayable(plan.as_ref()).indent(false).to_string();
     let batches = collect(plan, ctx.task_ctx()).await?;
     let mut rows = BTreeMap::new();
     for batch in &batches {
@@ -118,7 +115,67 @@ async fn answer(
             assert!(rows.insert(key, sums).is_none(), "a group twice: {sql}");
         }
     }
-    Ok((rows, contracted))
+    Ok((rows, text))
+}
+
+/// `sql`'s answer with the operator (and its plan) and without it: the
+/// same groups, the same sums to 1e-12.
+async fn same_answers(
+    ctx: &SessionContext,
+    sql: &str,
+    groups: usize,
+    what: &str,
+) -> Result<String> {
+    let (on, plan) = answer(ctx, sql, groups).await?;
+    ctx.sql("SET datafusion_grad.contraction = false")
+        .await?
+        .collect()
+        .await?;
+    let (off, plan_off) = answer(ctx, sql, groups).await?;
+    ctx.sql("SET datafusion_grad.contraction = true")
+        .await?
+        .collect()
+        .await?;
+    assert!(!plan_off.contains("ContractionExec"));
+    assert_eq!(
+        on.keys().collect::<Vec<_>>(),
+        off.keys().collect::<Vec<_>>(),
+        "{what}: {sql}"
+    );
+    for (key, sums) in &on {
+        for (a, b) in sums.iter().zip(&off[key]) {
+            let same = match (a, b) {
+                (Some(a), Some(b)) => (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(same, "{what}, {key:?}: {a:?} vs {b:?}: {sql}");
+        }
+    }
+    Ok(plan)
+}
+
+/// Partial aggregates (and contractions whose groups are the probe rows')
+/// give each row as its own group after 10 rows.
+async fn skip_aggregating(ctx: &SessionContext) -> Result<()> {
+    for setting in [
+        "SET datafusion.execution.skip_partial_aggregation_probe_rows_threshold = 10",
+        "SET datafusion.execution.skip_partial_aggregation_probe_ratio_threshold = 0.0",
+    ] {
+        ctx.sql(setting).await?.collect().await?;
+    }
+    Ok(())
+}
+
+/// Registers `batch` as table `name` in two partitions.
+fn register_halves(ctx: &SessionContext, name: &str, batch: &RecordBatch) -> Result<()> {
+    let half = batch.num_rows() / 2;
+    let halves = vec![
+        vec![batch.slice(0, half)],
+        vec![batch.slice(half, batch.num_rows() - half)],
+    ];
+    ctx.register_table(name, Arc::new(MemTable::try_new(batch.schema(), halves)?))?;
+    Ok(())
 }
 
 /// Random relations x(n, d, v) and w(d, h, v), and queries of every shape
@@ -163,49 +220,104 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
                 SessionConfig::new().with_target_partitions(partitions),
             );
             for (name, batch) in [("x", &x), ("w", &w)] {
-                let halves = vec![
-                    vec![batch.slice(0, batch.num_rows() / 2)],
-                    vec![batch.slice(
-                        batch.num_rows() / 2,
-                        batch.num_rows() - batch.num_rows() / 2,
-                    )],
-                ];
-                ctx.register_table(name, Arc::new(MemTable::try_new(batch.schema(), halves)?))?;
+                register_halves(&ctx, name, batch)?;
+            }
+            if partitions == 3 {
+                skip_aggregating(&ctx).await?;
             }
             for &(sql, groups) in queries {
-                let (on, used) = answer(&ctx, sql, groups).await?;
-                ctx.sql("SET datafusion_grad.contraction = false")
-                    .await?
-                    .collect()
-                    .await?;
-                let (off, used_off) = answer(&ctx, sql, groups).await?;
-                ctx.sql("SET datafusion_grad.contraction = true")
-                    .await?
-                    .collect()
-                    .await?;
-                assert!(!used_off);
-                contracted += used as usize;
-                assert_eq!(
-                    on.keys().collect::<Vec<_>>(),
-                    off.keys().collect::<Vec<_>>(),
-                    "case {case}, {partitions} partitions: {sql}"
-                );
-                for (key, sums) in &on {
-                    for (a, b) in sums.iter().zip(&off[key]) {
-                        let same = match (a, b) {
-                            (Some(a), Some(b)) => (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
-                            (None, None) => true,
-                            _ => false,
-                        };
-                        assert!(same, "case {case}, {key:?}: {a:?} vs {b:?}: {sql}");
-                    }
-                }
+                let what = format!("case {case}, {partitions} partitions");
+                let plan = same_answers(&ctx, sql, groups, &what).await?;
+                contracted += plan.contains("ContractionExec") as usize;
             }
         }
     }
     // The operator ran (more than half of the cases plan a partial
     // aggregate over a hash join).
     assert!(contracted > 24 * queries.len() / 2, "{contracted}");
+    Ok(())
+}
+
+/// Random ratings r(a, b, v) and factors u(a, k, v), f(b, k, v) (columns
+/// a, b, v; keys of every kind, NULL keys and values, repeated rows),
+/// queries of the factorization's shape `r JOIN u ON … JOIN f ON … AND
+/// f.k = u.k`: the same answer as the joins and aggregate, each planned as
+/// a chain (`links=` in the plan: the ratings streamed, the factors
+/// listed; DataFusion collects `r ⋈ u` for these small tables, the chain
+/// swaps the join's inputs).
+#[tokio::test]
+async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
+    let queries: &[(&str, usize)] = &[
+        (
+            "SELECT r.a, r.b, sum(u.v * f.v) FROM r JOIN u ON u.a = r.a \
+             JOIN f ON f.a = r.b AND f.b = u.b GROUP BY r.a, r.b",
+            2,
+        ),
+        (
+            "SELECT r.a, sum(r.v * u.v * f.v), sum(f.v) FROM r JOIN u ON u.a = r.a \
+             JOIN f ON (f.a IS NOT DISTINCT FROM r.b) AND (f.b IS NOT DISTINCT FROM u.b) \
+             GROUP BY r.a",
+            1,
+        ),
+        (
+            "SELECT r.b, f.b, sum(2.0 * u.v * f.v) FROM r \
+             JOIN u ON r.a IS NOT DISTINCT FROM u.a \
+             JOIN f ON f.a = r.b AND f.b = u.b GROUP BY r.b, f.b",
+            2,
+        ),
+        (
+            "SELECT r.a, r.b, sum(u.v * f.v * r.v) FROM r JOIN u ON u.a = r.a \
+             JOIN f ON f.a = r.b AND f.b = u.b AND f.b = r.a GROUP BY r.a, r.b",
+            2,
+        ),
+    ];
+    let mut rng = StdRng::seed_from_u64(4700);
+    let (mut chained, mut cases) = (0, 0);
+    for case in 0..18 {
+        let (users, items, k) = (
+            rng.random_range(1..30),
+            rng.random_range(1..30),
+            rng.random_range(1..20),
+        );
+        let kinds = [Keys::Dense(k), Keys::Sparse(k), Keys::Strings(k)];
+        let kk = kinds[case % 3];
+        let nulls = [0.0, 0.05, 0.3][case / 3 % 3];
+        let rows = rng.random_range(0..600);
+        let r = relation(
+            &mut rng,
+            rows,
+            Keys::Dense(users),
+            Keys::Dense(items),
+            nulls,
+        );
+        let u = relation(&mut rng, rows / 8, Keys::Dense(users), kk, nulls);
+        let f = relation(&mut rng, rows / 8, Keys::Dense(items), kk, nulls);
+        for partitions in [2, 3] {
+            let ctx = datafusion_grad::session_context_with_config(
+                SessionConfig::new().with_target_partitions(partitions),
+            );
+            for (name, batch) in [("r", &r), ("u", &u), ("f", &f)] {
+                register_halves(&ctx, name, batch)?;
+            }
+            if partitions == 3 {
+                // every row its own group after the first few (as the
+                // partial aggregates do where groups are nearly rows)
+                skip_aggregating(&ctx).await?;
+            }
+            for (q, &(sql, groups)) in queries.iter().enumerate() {
+                // the fourth query's link f.b = r.a compares a string with
+                // an integer where the factor keys are strings
+                if q == 3 && matches!(kk, Keys::Strings(_)) {
+                    continue;
+                }
+                let what = format!("case {case}, {partitions} partitions");
+                let plan = same_answers(&ctx, sql, groups, &what).await?;
+                chained += plan.contains("links=") as usize;
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(chained, cases);
     Ok(())
 }
 

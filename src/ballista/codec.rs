@@ -53,19 +53,11 @@ type Plan = Arc<dyn ExecutionPlan>;
 /// plan it replaces, its join over placeholders (the operator's own inputs
 /// travel as its children), rebuilt on arrival.
 impl GradPhysicalCodec {
-    /// Placeholders of the schemas of `node`'s two inputs (`name`'s).
-    fn placeholders(
-        &self,
-        node: &Arc<dyn ExecutionPlan>,
-        name: &str,
-    ) -> Result<[Arc<dyn ExecutionPlan>; 2]> {
-        match node.children()[..] {
-            [left, right] => Ok([left, right]
-                .map(|p| Arc::new(EmptyExec::new(p.schema())) as Arc<dyn ExecutionPlan>)),
-            _ => Err(DataFusionError::Internal(format!(
-                "{name} without its two inputs"
-            ))),
-        }
+    /// Placeholders of the schemas of `node`'s inputs.
+    fn placeholders(&self, node: &Arc<dyn ExecutionPlan>) -> Vec<Arc<dyn ExecutionPlan>> {
+        (node.children().into_iter())
+            .map(|p| Arc::new(EmptyExec::new(p.schema())) as Arc<dyn ExecutionPlan>)
+            .collect()
     }
 
     /// Writes `prefix` and the plan `replaced` to `buf`.
@@ -83,25 +75,17 @@ impl GradPhysicalCodec {
             .map_err(|e| DataFusionError::Internal(format!("{}: {e}", replaced.name())))
     }
 
-    /// The plan `encoded` (after its prefix) of `name`, and its two inputs.
+    /// The plan `encoded` (after its prefix) of `name`.
     fn decode_replaced(
         &self,
         encoded: &[u8],
-        inputs: &[Arc<dyn ExecutionPlan>],
         ctx: &TaskContext,
         proto_converter: &dyn PhysicalProtoConverterExtension,
         name: &str,
-    ) -> Result<(Plan, Plan, Plan)> {
-        let [left, right] = inputs else {
-            return Err(DataFusionError::Internal(format!(
-                "{name} with {} inputs",
-                inputs.len()
-            )));
-        };
-        let replaced = PhysicalPlanNode::decode(encoded)
+    ) -> Result<Plan> {
+        PhysicalPlanNode::decode(encoded)
             .map_err(|e| DataFusionError::Internal(format!("{name}: {e}")))?
-            .try_into_physical_plan_with_converter(ctx, self, proto_converter)?;
-        Ok((replaced, Arc::clone(left), Arc::clone(right)))
+            .try_into_physical_plan_with_converter(ctx, self, proto_converter)
     }
 }
 
@@ -121,22 +105,26 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
             return Ok(Arc::new(KeptOnExecutorsExec::new(input, run)));
         }
         if let Some(replaced) = buf.strip_prefix(BROADCAST) {
-            let (replaced, left, right) = self.decode_replaced(
-                replaced,
-                inputs,
-                ctx,
-                proto_converter,
-                "BroadcastAggregateExec",
-            )?;
+            let name = "BroadcastAggregateExec";
+            let [left, right] = inputs else {
+                return Err(DataFusionError::Internal(format!(
+                    "{name} with {} inputs",
+                    inputs.len()
+                )));
+            };
+            let replaced = self.decode_replaced(replaced, ctx, proto_converter, name)?;
             return Ok(Arc::new(BroadcastAggregateExec::from_replaced(
-                replaced, left, right,
+                replaced,
+                Arc::clone(left),
+                Arc::clone(right),
             )?));
         }
         if let Some(replaced) = buf.strip_prefix(CONTRACTION) {
-            let (replaced, left, right) =
-                self.decode_replaced(replaced, inputs, ctx, proto_converter, "ContractionExec")?;
+            let replaced =
+                self.decode_replaced(replaced, ctx, proto_converter, "ContractionExec")?;
             return Ok(Arc::new(ContractionExec::from_replaced(
-                replaced, left, right,
+                replaced,
+                inputs.to_vec(),
             )?));
         }
         self.ballista.try_decode(buf, inputs, ctx, proto_converter)
@@ -154,7 +142,11 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
             return Ok(());
         }
         if let Some(broadcast) = node.downcast_ref::<BroadcastAggregateExec>() {
-            let [left, right] = self.placeholders(&node, "BroadcastAggregateExec")?;
+            let Ok([left, right]) = <[_; 2]>::try_from(self.placeholders(&node)) else {
+                return Err(DataFusionError::Internal(
+                    "BroadcastAggregateExec without its two inputs".to_string(),
+                ));
+            };
             let Some(replaced) = broadcast.replaced(left, right)? else {
                 return Err(DataFusionError::Internal(
                     "a BroadcastAggregateExec planned locally (merging its partitions) cannot travel"
@@ -164,8 +156,7 @@ impl PhysicalExtensionCodec for GradPhysicalCodec {
             return self.encode_replaced(&replaced, BROADCAST, buf, proto_converter);
         }
         if let Some(contraction) = node.downcast_ref::<ContractionExec>() {
-            let [left, right] = self.placeholders(&node, "ContractionExec")?;
-            let replaced = contraction.replaced(left, right)?;
+            let replaced = contraction.replaced(self.placeholders(&node))?;
             return self.encode_replaced(&replaced, CONTRACTION, buf, proto_converter);
         }
         self.ballista.try_encode(node, buf, proto_converter)

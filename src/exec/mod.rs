@@ -7,8 +7,9 @@
 //! - [`broadcast_aggregate`]: the physical rule that broadcasts a global
 //!   aggregate, and its operator;
 //! - [`contraction`]: the physical rule that computes a `GROUP BY` of sums
-//!   of products over an inner equijoin (a matrix product) without the
-//!   joined rows, and its operator;
+//!   of products over an inner equijoin (a matrix product, or a chain of
+//!   two joins: a matrix factorization's prediction) without the joined
+//!   rows, and its operator;
 //! - [`shared`]: a subplan computed once per query, read by every
 //!   occurrence;
 //! - [`iterate`]: recursive queries whose recursive term reads the work

@@ -29,9 +29,15 @@
 //! product whose factors each read one side (or none) — and anything else
 //! (a `FILTER`, `DISTINCT`, float or decimal keys, another aggregate) stays
 //! the join + aggregate. Under memory pressure the operator emits its
-//! partial sums early, as DataFusion's partial aggregate does. Off with
-//! `SET datafusion_grad.contraction = false`.
+//! partial sums early, as DataFusion's partial aggregate does; where the
+//! groups are nearly the probe rows (DataFusion's
+//! `skip_partial_aggregation_probe_*` settings) and the build side gives
+//! no group column, it gives each probe row's sums as its own group, for
+//! the final aggregate to merge. Where the probe rows are themselves an
+//! inner join, the operator may take that join's inputs instead (a
+//! chain: `chain.rs`). Off with `SET datafusion_grad.contraction = false`.
 
+mod chain;
 // pub for the tests in tests/unit/exec_contraction_groups.rs
 #[doc(hidden)]
 pub mod groups;
@@ -65,7 +71,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties,
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
     InputDistributionRequirements, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -73,7 +79,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::{at_join, dealt, kit};
 use crate::options::GradOptions;
-use groups::Groups;
+use chain::Near;
+use groups::{Emitted, Groups};
 use numbering::{Nulls, Numbering, NONE};
 
 /// The physical optimizer rule that installs [`ContractionExec`]
@@ -135,12 +142,6 @@ impl Part {
     /// factors (`None`: 1).
     fn evaluate(&self, batch: &RecordBatch) -> Result<Evaluated> {
         let rows = batch.num_rows();
-        let all = |exprs: &[Arc<dyn PhysicalExpr>]| {
-            exprs
-                .iter()
-                .map(|e| e.evaluate(batch)?.into_array(rows))
-                .collect::<Result<Vec<_>>>()
-        };
         let factors = self
             .factors
             .iter()
@@ -156,9 +157,23 @@ impl Part {
             .collect::<Result<Vec<_>>>()?;
         Ok(Evaluated {
             rows,
-            keys: all(&self.keys)?,
-            groups: all(&self.groups)?,
+            keys: evaluate_all(&self.keys, batch)?,
+            groups: evaluate_all(&self.groups, batch)?,
             factors,
+        })
+    }
+
+    /// The part with each of its expressions `e` replaced by `by(e)`.
+    fn map(
+        self,
+        by: impl Fn(Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>>,
+    ) -> Result<Self> {
+        Ok(Self {
+            keys: self.keys.into_iter().map(&by).collect::<Result<_>>()?,
+            groups: self.groups.into_iter().map(&by).collect::<Result<_>>()?,
+            factors: (self.factors.into_iter())
+                .map(|f| f.map(&by).transpose())
+                .collect::<Result<_>>()?,
         })
     }
 
@@ -175,6 +190,13 @@ impl Part {
             .collect::<Result<Vec<_>>>()?;
         Ok(Some(Numbering::new(&types, Nulls::Grouped)?))
     }
+}
+
+/// The columns of `exprs` over `batch`.
+fn evaluate_all(exprs: &[Arc<dyn PhysicalExpr>], batch: &RecordBatch) -> Result<Vec<ArrayRef>> {
+    (exprs.iter())
+        .map(|e| e.evaluate(batch)?.into_array(batch.num_rows()))
+        .collect()
 }
 
 /// A side's columns of one batch.
@@ -200,6 +222,8 @@ struct Spec {
     /// or nothing.
     nulls: Nulls,
     schema: SchemaRef,
+    /// A chain's third input, the near side (`None`: two inputs).
+    near: Option<Near>,
 }
 
 /// The build side, listed under its keys.
@@ -209,6 +233,9 @@ struct Build {
     groups: Option<Numbering>,
     /// The entries of key number `k` are `starts[k]..starts[k + 1]`.
     starts: Vec<usize>,
+    /// In a chain, each entry's link number, ascending within a key's
+    /// entries (empty otherwise).
+    link: Vec<u32>,
     /// Each entry's build group number.
     group: Vec<u32>,
     /// Each entry's factor of every aggregate (`aggregates` per entry;
@@ -219,18 +246,27 @@ struct Build {
     _memory: MemoryReservation,
 }
 
+/// The collected inputs: the build side, and in a chain the near side.
+#[derive(Debug)]
+struct Collected {
+    build: Build,
+    near: Option<Build>,
+}
+
 type SharedBuild =
-    Shared<BoxFuture<'static, std::result::Result<Arc<Build>, Arc<DataFusionError>>>>;
+    Shared<BoxFuture<'static, std::result::Result<Arc<Collected>, Arc<DataFusionError>>>>;
 
 /// A partial `sum`-of-products aggregate over an inner hash join, computed
 /// without the joined rows (see the [module docs](self)).
 #[derive(Debug)]
 pub struct ContractionExec {
     spec: Arc<Spec>,
+    /// The build side (one partition).
     left: Arc<dyn ExecutionPlan>,
+    /// In a chain, the near side (one partition).
+    near: Option<Arc<dyn ExecutionPlan>>,
+    /// The probe side.
     right: Arc<dyn ExecutionPlan>,
-    /// The join's requirements on its inputs, which this operator keeps.
-    requirements: InputDistributionRequirements,
     properties: Arc<PlanProperties>,
     /// The collected build side of the current execution (reset by
     /// `reset_state`).
@@ -242,6 +278,18 @@ impl ContractionExec {
     /// `Some` when `plan` is a partial aggregate over a join this operator
     /// can replace.
     fn try_from_plan(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Self>> {
+        let Some(pair) = Self::pair(plan)? else {
+            return Ok(None);
+        };
+        if let Some(chain) = chain::chained(&pair, &pair.properties.partitioning)? {
+            return Ok(Some(chain));
+        }
+        Ok(Some(chain::swapped(&pair)?.unwrap_or(pair)))
+    }
+
+    /// `Some` when `plan` is a partial aggregate over a join this operator
+    /// can replace, as a contraction of two inputs.
+    fn pair(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Self>> {
         let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else {
             return Ok(None);
         };
@@ -279,7 +327,7 @@ impl ContractionExec {
                 // are dealt instead (the same partial sums, per partition).
                 let partitions = deal.partitioning().partition_count();
                 return match collecting(plan, partitions)? {
-                    Some(plan) => Self::try_from_plan(&plan),
+                    Some(plan) => Self::pair(&plan),
                     None => Ok(None),
                 };
             } else {
@@ -305,7 +353,7 @@ impl ContractionExec {
             // and the probe rows stay where they are (not hashed by key).
             let partitions = join.properties().partitioning.partition_count();
             return match collecting(plan, partitions)? {
-                Some(plan) => Self::try_from_plan(&plan),
+                Some(plan) => Self::pair(&plan),
                 None => Ok(None),
             };
         }
@@ -370,17 +418,15 @@ impl ContractionExec {
             build,
             probe,
             group_order,
-            nulls: match join.null_equality() {
-                NullEquality::NullEqualsNothing => Nulls::Unmatched,
-                NullEquality::NullEqualsNull => Nulls::Grouped,
-            },
+            nulls: nulls(join.null_equality()),
             schema,
+            near: None,
         };
         Ok(Some(Self::new(
             Arc::new(spec),
             Arc::clone(left),
+            None,
             Arc::clone(right),
-            join.input_distribution_requirements(),
             Arc::clone(aggregate.properties()),
         )))
     }
@@ -388,60 +434,123 @@ impl ContractionExec {
     fn new(
         spec: Arc<Spec>,
         left: Arc<dyn ExecutionPlan>,
+        near: Option<Arc<dyn ExecutionPlan>>,
         right: Arc<dyn ExecutionPlan>,
-        requirements: InputDistributionRequirements,
         properties: Arc<PlanProperties>,
     ) -> Self {
         Self {
             spec,
             left,
+            near,
             right,
-            requirements,
             properties,
             collected: Mutex::new(None),
             metrics: ExecutionPlanMetricsSet::new(),
         }
     }
 
-    /// The aggregate and join this operator replaces, over `left` and
-    /// `right`: with [`Self::from_replaced`], how it is rebuilt over new
+    /// The aggregate and join(s) this operator replaces, over `inputs` (as
+    /// its children: the build side, the near side of a chain, the probe
+    /// side): with [`Self::from_replaced`], how it is rebuilt over new
     /// inputs and how it travels to Ballista's executors
     /// (`crate::ballista::codec`).
-    pub fn replaced(
-        &self,
-        left: Arc<dyn ExecutionPlan>,
-        right: Arc<dyn ExecutionPlan>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        at_join::<HashJoinExec>(Arc::clone(&self.spec.replaced), left, right)
+    pub fn replaced(&self, inputs: Vec<Arc<dyn ExecutionPlan>>) -> Result<Arc<dyn ExecutionPlan>> {
+        at_joins(Arc::clone(&self.spec.replaced), inputs)
     }
 
     /// The operator for `replaced` (a plan of [`Self::replaced`]) over
-    /// `left` and `right`.
+    /// `inputs`.
     pub fn from_replaced(
         replaced: Arc<dyn ExecutionPlan>,
-        left: Arc<dyn ExecutionPlan>,
-        right: Arc<dyn ExecutionPlan>,
+        inputs: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Self> {
-        let plan = at_join::<HashJoinExec>(replaced, left, right)?;
+        let plan = at_joins(replaced, inputs)?;
         match Self::try_from_plan(&plan)? {
             Some(exec) => Ok(exec),
             None => internal_err!("not a contraction: {}", plan.name()),
         }
     }
 
-    /// The build side, collected once for all output partitions.
+    /// The build side (and a chain's near side), collected once for all
+    /// output partitions.
     fn build(&self, context: &Arc<TaskContext>) -> SharedBuild {
         let mut slot = self.collected.lock().expect("build side lock");
         slot.get_or_insert_with(|| {
-            let plan = Arc::clone(&self.left);
+            let (build, near) = (Arc::clone(&self.left), self.near.clone());
             let spec = Arc::clone(&self.spec);
             let context = Arc::clone(context);
-            async move { Build::collect(plan, &spec, &context).await.map(Arc::new) }
-                .map(|r| r.map_err(Arc::new))
-                .boxed()
-                .shared()
+            async move {
+                let Some(chain) = &spec.near else {
+                    let build =
+                        Build::collect(build, &spec.build, spec.nulls, Links::Without, &context)
+                            .await?;
+                    return Ok(Arc::new(Collected { build, near: None }));
+                };
+                let Some(near) = near else {
+                    return internal_err!("a chained ContractionExec without its near side");
+                };
+                let schema = build.schema();
+                let types = (chain.build_links.iter())
+                    .map(|l| l.data_type(&schema))
+                    .collect::<Result<Vec<_>>>()?;
+                let mut links = Numbering::new(&types, spec.nulls)?;
+                let numbered = Links::Numbered(&chain.build_links, &mut links);
+                let build =
+                    Build::collect(build, &spec.build, spec.nulls, numbered, &context).await?;
+                links.freeze();
+                let found = Links::Found(&chain.links, &links);
+                let near = Build::collect(near, &chain.part, chain.nulls, found, &context).await?;
+                Ok(Arc::new(Collected {
+                    build,
+                    near: Some(near),
+                }))
+            }
+            .map(|r| r.map_err(Arc::new))
+            .boxed()
+            .shared()
         })
         .clone()
+    }
+}
+
+/// The NULL rule of join keys under `equality`.
+fn nulls(equality: NullEquality) -> Nulls {
+    match equality {
+        NullEquality::NullEqualsNothing => Nulls::Unmatched,
+        NullEquality::NullEqualsNull => Nulls::Grouped,
+    }
+}
+
+/// `plan` with `inputs` as the inputs of its joins: the build and probe
+/// side of its first hash join, or in a chain (three inputs) the build
+/// side of the first and the near and probe sides of the hash join below
+/// its probe side.
+fn at_joins(
+    plan: Arc<dyn ExecutionPlan>,
+    inputs: Vec<Arc<dyn ExecutionPlan>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    match <[_; 3]>::try_from(inputs) {
+        Ok([build, near, probe]) => {
+            let mut below = None;
+            plan.apply(|node| {
+                Ok(match node.downcast_ref::<HashJoinExec>() {
+                    Some(join) => {
+                        below = Some(Arc::clone(join.right()));
+                        TreeNodeRecursion::Stop
+                    }
+                    None => TreeNodeRecursion::Continue,
+                })
+            })?;
+            let Some(below) = below else {
+                return internal_err!("a chained contraction without its joins");
+            };
+            let probe = at_join::<HashJoinExec>(below, near, probe)?;
+            at_join::<HashJoinExec>(plan, build, probe)
+        }
+        Err(inputs) => match <[_; 2]>::try_from(inputs) {
+            Ok([build, probe]) => at_join::<HashJoinExec>(plan, build, probe),
+            Err(inputs) => internal_err!("a contraction over {} inputs", inputs.len()),
+        },
     }
 }
 
@@ -589,32 +698,48 @@ fn split_product(
     Ok(Some((build, probe)))
 }
 
+/// How a listed side's entries are linked to another side's (a chain's
+/// build and near sides, by the columns their join compares).
+enum Links<'a> {
+    /// Not linked (a contraction of two inputs).
+    Without,
+    /// The values of these expressions numbered, new values given numbers
+    /// (the build side).
+    Numbered(&'a [Arc<dyn PhysicalExpr>], &'a mut Numbering),
+    /// The values of these expressions looked up among those numbered; a
+    /// row whose values have no number is not listed (the near side).
+    Found(&'a [Arc<dyn PhysicalExpr>], &'a Numbering),
+}
+
 impl Build {
-    /// The build side `plan` (one partition), listed under its keys, its
-    /// memory taken from the pool.
+    /// The side `plan` (one partition) of `part`, its keys compared under
+    /// `nulls`, listed under its keys (in a chain, by link number within
+    /// a key), its memory taken from the pool.
     async fn collect(
         plan: Arc<dyn ExecutionPlan>,
-        spec: &Spec,
+        part: &Part,
+        nulls: Nulls,
+        mut links: Links<'_>,
         context: &Arc<TaskContext>,
     ) -> Result<Self> {
         let schema = plan.schema();
-        let types = spec
-            .build
-            .keys
-            .iter()
+        let types = (part.keys.iter())
             .map(|k| k.data_type(&schema))
             .collect::<Result<Vec<_>>>()?;
-        let mut keys = Numbering::new(&types, spec.nulls)?;
-        let mut groups = spec.build.group_numbering(&schema)?;
-        let aggregates = spec.build.factors.len();
+        let mut keys = Numbering::new(&types, nulls)?;
+        let mut groups = part.group_numbering(&schema)?;
+        let aggregates = part.factors.len();
         let memory =
             MemoryConsumer::new("ContractionExec (build side)").register(context.memory_pool());
-        // Each listed row: its key number, group number and factors.
+        // Each listed row: its key number, group number, link number and
+        // factors.
         let (mut key, mut group, mut factor, mut valid) = (vec![], vec![], vec![], vec![]);
-        let (mut key_numbers, mut group_numbers) = (vec![], vec![]);
+        let mut link = vec![];
+        let (mut key_numbers, mut group_numbers, mut link_numbers) = (vec![], vec![], vec![]);
         let mut stream = plan.execute(0, Arc::clone(context))?;
         while let Some(batch) = stream.next().await {
-            let side = spec.build.evaluate(&batch?)?;
+            let batch = batch?;
+            let side = part.evaluate(&batch)?;
             keys.number(&side.keys, &mut key_numbers)?;
             match &mut groups {
                 Some(g) => g.number(&side.groups, &mut group_numbers)?,
@@ -623,12 +748,25 @@ impl Build {
                     group_numbers.resize(side.rows, 0);
                 }
             }
+            match &mut links {
+                Links::Without => link_numbers.clear(),
+                Links::Numbered(exprs, numbering) => {
+                    numbering.number(&evaluate_all(exprs, &batch)?, &mut link_numbers)?
+                }
+                Links::Found(exprs, numbering) => {
+                    numbering.find(&evaluate_all(exprs, &batch)?, &mut link_numbers)?
+                }
+            }
+            let linked = !link_numbers.is_empty();
             for row in 0..side.rows {
-                if key_numbers[row] == NONE {
+                if key_numbers[row] == NONE || (linked && link_numbers[row] == NONE) {
                     continue;
                 }
                 key.push(key_numbers[row]);
                 group.push(group_numbers[row]);
+                if linked {
+                    link.push(link_numbers[row]);
+                }
                 for f in &side.factors {
                     let (value, is_valid) = match f {
                         Some(f) => (f.value(row), f.is_valid(row)),
@@ -641,6 +779,7 @@ impl Build {
             let held = keys.size()
                 + groups.as_ref().map_or(0, Numbering::size)
                 + key.capacity() * 8
+                + link.capacity() * 8
                 + factor.capacity() * 9;
             memory.try_resize(held)?;
         }
@@ -658,6 +797,11 @@ impl Build {
         for (row, &k) in key.iter().enumerate() {
             order[next[k as usize]] = row;
             next[k as usize] += 1;
+        }
+        if !link.is_empty() {
+            for k in 0..keys.len() {
+                order[starts[k]..starts[k + 1]].sort_unstable_by_key(|&row| link[row]);
+            }
         }
         let all_valid = valid.iter().all(|&v| v);
         let listed = |per: usize, values: &[f64]| -> Vec<f64> {
@@ -679,10 +823,15 @@ impl Build {
                 .collect(),
         };
         let group = order.iter().map(|&row| group[row]).collect();
+        let link = match link.is_empty() {
+            true => vec![],
+            false => order.iter().map(|&row| link[row]).collect(),
+        };
         Ok(Self {
             keys,
             groups,
             starts,
+            link,
             group,
             factor,
             valid,
@@ -699,13 +848,22 @@ impl Build {
 /// One output partition's probe rows summed into their groups.
 struct Probe {
     spec: Arc<Spec>,
-    build: Arc<Build>,
+    collected: Arc<Collected>,
     groups: Groups,
     numbering: Option<Numbering>,
     memory: MemoryReservation,
-    /// Scratch: each probe row's key number and group number.
+    /// Scratch: each probe row's key number, group number, and in a chain
+    /// its key number on the near side.
     keys: Vec<u32>,
     numbers: Vec<u32>,
+    near_keys: Vec<u32>,
+    /// Where the build side gives no group column: after how many probe
+    /// rows, and at what ratio of groups to rows, each row is given as its
+    /// own group (DataFusion's `skip_partial_aggregation_probe_*`).
+    pass_after: Option<(usize, f64)>,
+    rows_seen: usize,
+    /// Whether each row is now given as its own group.
+    passing: bool,
     /// Probe batches not yet added (small batches are added together).
     pending: Vec<RecordBatch>,
     pending_rows: usize,
@@ -740,7 +898,16 @@ impl Probe {
     /// emits under memory pressure).
     fn add(&mut self, batch: &RecordBatch, size: usize) -> Result<Vec<RecordBatch>> {
         let side = self.spec.probe.evaluate(batch)?;
-        self.build.keys.find(&side.keys, &mut self.keys)?;
+        self.collected.build.keys.find(&side.keys, &mut self.keys)?;
+        if self.passing {
+            // Each probe row its own group, given as it is summed.
+            self.numbers.clear();
+            self.numbers.extend(0..side.rows as u32);
+            let mut groups = Groups::new(1, side.factors.len());
+            self.sum(batch, &side, &mut groups)?;
+            let batch = self.batch_of(groups.take(), &side.groups, &[])?;
+            return Ok(slices(batch, size));
+        }
         match &mut self.numbering {
             Some(n) => n.number(&side.groups, &mut self.numbers)?,
             None => {
@@ -748,30 +915,22 @@ impl Probe {
                 self.numbers.resize(side.rows, 0);
             }
         }
-        let build = &self.build;
-        let aggregates = side.factors.len();
-        let checked =
-            !build.valid.is_empty() || side.factors.iter().flatten().any(|f| f.null_count() > 0);
-        for row in 0..side.rows {
-            let k = self.keys[row];
-            if k == NONE {
-                continue;
-            }
-            let probe_group = self.numbers[row];
-            for entry in build.starts[k as usize]..build.starts[k as usize + 1] {
-                let place = self.groups.place(probe_group, build.group[entry]);
-                for (a, f) in side.factors.iter().enumerate() {
-                    let at = entry * aggregates + a;
-                    if checked {
-                        let valid = f.as_ref().is_none_or(|f| f.is_valid(row))
-                            && (build.valid.is_empty() || build.valid[at]);
-                        if !valid {
-                            continue;
-                        }
-                    }
-                    let p = f.as_ref().map_or(1.0, |f| f.value(row));
-                    self.groups.add(place, a, p * build.factor[at]);
-                }
+        let mut groups = std::mem::replace(&mut self.groups, Groups::new(1, 0));
+        let summed = self.sum(batch, &side, &mut groups);
+        self.groups = groups;
+        summed?;
+        if let (Some(numbering), Some((rows, ratio))) = (&self.numbering, self.pass_after) {
+            self.rows_seen += side.rows;
+            if self.rows_seen >= rows && numbering.len() as f64 >= ratio * self.rows_seen as f64 {
+                // Nearly a group per row: the groups so far, and from now
+                // on each row's sums as they come (as DataFusion's partial
+                // aggregate skips aggregating such rows); the final
+                // aggregate merges them.
+                let out = self.emit(size)?;
+                self.passing = true;
+                self.numbering = None;
+                self.memory.try_resize(0)?;
+                return Ok(out);
             }
         }
         let held = self.groups.size() + self.numbering.as_ref().map_or(0, Numbering::size);
@@ -787,32 +946,148 @@ impl Probe {
         }
     }
 
+    /// Adds the products of `batch`'s rows (`side` its probe columns,
+    /// their key and group numbers in `self.keys` and `self.numbers`) to
+    /// `groups`.
+    fn sum(&mut self, batch: &RecordBatch, side: &Evaluated, groups: &mut Groups) -> Result<()> {
+        let numbered = Numbered {
+            side,
+            keys: &self.keys,
+            groups: &self.numbers,
+        };
+        let collected = &self.collected;
+        match (&self.spec.near, &collected.near) {
+            (Some(chain), Some(near)) => {
+                let near_keys = evaluate_all(&chain.probe_keys, batch)?;
+                near.keys.find(&near_keys, &mut self.near_keys)?;
+                chain::add(&numbered, &self.near_keys, &collected.build, near, groups);
+            }
+            _ => add_pairs(&numbered, &collected.build, groups),
+        }
+        Ok(())
+    }
+
     /// The groups met so far as batches of at most `size` rows; none left.
     fn emit(&mut self, size: usize) -> Result<Vec<RecordBatch>> {
+        if self.groups.is_empty() {
+            return Ok(vec![]);
+        }
         let emitted = self.groups.take();
         let probe_values = match &self.numbering {
             Some(n) => n.values()?,
             None => vec![],
         };
-        let build_values = match &self.build.groups {
+        let build_values = match &self.collected.build.groups {
             Some(n) => n.values()?,
             None => vec![],
         };
+        Ok(slices(
+            self.batch_of(emitted, &probe_values, &build_values)?,
+            size,
+        ))
+    }
+
+    /// The output rows of `emitted`, the values of its probe and build
+    /// group numbers in `probe_values` and `build_values`.
+    fn batch_of(
+        &self,
+        emitted: Emitted,
+        probe_values: &[ArrayRef],
+        build_values: &[ArrayRef],
+    ) -> Result<RecordBatch> {
         let mut columns: Vec<ArrayRef> = vec![];
         for &(side, at) in &self.spec.group_order {
             let (values, numbers) = match side {
-                Side::Build => (&build_values, &emitted.build),
-                Side::Probe => (&probe_values, &emitted.probe),
+                Side::Build => (build_values, &emitted.build),
+                Side::Probe => (probe_values, &emitted.probe),
             };
             columns.push(take(values[at].as_ref(), numbers, None)?);
         }
         columns.extend(emitted.sums.into_iter().map(|s| Arc::new(s) as ArrayRef));
-        let batch = RecordBatch::try_new(Arc::clone(&self.spec.schema), columns)?;
-        let rows = batch.num_rows();
-        Ok((0..rows)
-            .step_by(size.max(1))
-            .map(|start| batch.slice(start, size.min(rows - start)))
-            .collect())
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.spec.schema),
+            columns,
+        )?)
+    }
+}
+
+/// `batch` as batches of at most `size` rows.
+fn slices(batch: RecordBatch, size: usize) -> Vec<RecordBatch> {
+    let rows = batch.num_rows();
+    (0..rows)
+        .step_by(size.max(1))
+        .map(|start| batch.slice(start, size.min(rows - start)))
+        .collect()
+}
+
+/// A batch of probe rows evaluated and numbered: its columns, each row's
+/// key number on the build side and group number.
+struct Numbered<'a> {
+    side: &'a Evaluated,
+    keys: &'a [u32],
+    groups: &'a [u32],
+}
+
+impl Numbered<'_> {
+    /// Whether some factor of the rows or of `build`'s entries is NULL.
+    fn checked(&self, build: &Build) -> bool {
+        !build.valid.is_empty()
+            || self
+                .side
+                .factors
+                .iter()
+                .flatten()
+                .any(|f| f.null_count() > 0)
+    }
+
+    /// Row `row`'s factor of aggregate `a` (1 where its side has none), or
+    /// `None` where it is NULL.
+    #[inline]
+    fn factor(&self, row: usize, a: usize) -> Option<f64> {
+        match &self.side.factors[a] {
+            Some(f) if f.is_null(row) => None,
+            Some(f) => Some(f.value(row)),
+            None => Some(1.0),
+        }
+    }
+}
+
+impl Build {
+    /// Entry `entry`'s factor of aggregate `a` of `aggregates`, or `None`
+    /// where it is NULL.
+    #[inline]
+    fn factor(&self, entry: usize, a: usize, aggregates: usize) -> Option<f64> {
+        let at = entry * aggregates + a;
+        match self.valid.is_empty() || self.valid[at] {
+            true => Some(self.factor[at]),
+            false => None,
+        }
+    }
+}
+
+/// Adds the products of `rows` with the build entries under their keys.
+fn add_pairs(rows: &Numbered, build: &Build, groups: &mut Groups) {
+    let aggregates = rows.side.factors.len();
+    let checked = rows.checked(build);
+    for row in 0..rows.side.rows {
+        let k = rows.keys[row];
+        if k == NONE {
+            continue;
+        }
+        let probe_group = rows.groups[row];
+        for entry in build.starts[k as usize]..build.starts[k as usize + 1] {
+            let place = groups.place(probe_group, build.group[entry]);
+            for a in 0..aggregates {
+                if !checked {
+                    let p = rows.factor(row, a).unwrap_or_default();
+                    groups.add(place, a, p * build.factor[entry * aggregates + a]);
+                } else if let (Some(p), Some(b)) =
+                    (rows.factor(row, a), build.factor(entry, a, aggregates))
+                {
+                    groups.add(place, a, p * b);
+                }
+            }
+        }
     }
 }
 
@@ -833,10 +1108,29 @@ impl DisplayAs for ContractionExec {
             sums.join(", "),
             on.join(", "),
         )?;
-        match self.spec.nulls {
-            Nulls::Grouped => write!(f, ", NullsEqual: true"),
-            Nulls::Unmatched => Ok(()),
+        if self.spec.nulls == Nulls::Grouped {
+            write!(f, ", NullsEqual: true")?;
         }
+        if let Some(chain) = &self.spec.near {
+            let through: Vec<String> = (chain.part.keys.iter())
+                .zip(&chain.probe_keys)
+                .map(|(n, p)| format!("({n}, {p})"))
+                .collect();
+            let links: Vec<String> = (chain.build_links.iter())
+                .zip(&chain.links)
+                .map(|(b, n)| format!("({b}, {n})"))
+                .collect();
+            write!(
+                f,
+                ", links=[{}], through=[{}]",
+                links.join(", "),
+                through.join(", ")
+            )?;
+            if chain.nulls == Nulls::Grouped {
+                write!(f, ", NullsEqual through: true")?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -853,38 +1147,55 @@ impl ExecutionPlan for ContractionExec {
         f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
     ) -> Result<TreeNodeRecursion> {
         let mut recursion = TreeNodeRecursion::Continue;
-        for part in [&self.spec.build, &self.spec.probe] {
+        let near = self.spec.near.as_ref();
+        let parts = [&self.spec.build, &self.spec.probe]
+            .into_iter()
+            .chain(near.map(|c| &c.part));
+        for part in parts {
             let factors = part.factors.iter().flatten();
             for e in part.keys.iter().chain(&part.groups).chain(factors) {
                 recursion = recursion.visit_sibling(|| f(e))?;
             }
         }
+        let links = near
+            .into_iter()
+            .flat_map(|c| (c.links.iter()).chain(&c.build_links).chain(&c.probe_keys));
+        for e in links {
+            recursion = recursion.visit_sibling(|| f(e))?;
+        }
         Ok(recursion)
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.left, &self.right]
+        let mut children = vec![&self.left];
+        children.extend(&self.near);
+        children.push(&self.right);
+        children
     }
 
+    /// The collected sides in one partition, the probe side as it comes.
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
-        self.requirements.clone()
+        let mut per_child = vec![Distribution::SinglePartition; self.children().len() - 1];
+        per_child.push(Distribution::UnspecifiedDistribution);
+        InputDistributionRequirements::new(per_child)
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false, true]
+        let mut benefits = vec![false; self.children().len() - 1];
+        benefits.push(true);
+        benefits
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        let Ok([left, right]) = <[_; 2]>::try_from(children) else {
-            return internal_err!("ContractionExec has two children");
-        };
+        if children.len() != self.children().len() {
+            return internal_err!("ContractionExec with {} new children", children.len());
+        }
         Ok(Arc::new(Self::from_replaced(
             Arc::clone(&self.spec.replaced),
-            left,
-            right,
+            children,
         )?))
     }
 
@@ -892,8 +1203,8 @@ impl ExecutionPlan for ContractionExec {
         Ok(Arc::new(Self::new(
             Arc::clone(&self.spec),
             Arc::clone(&self.left),
+            self.near.clone(),
             Arc::clone(&self.right),
-            self.requirements.clone(),
             Arc::clone(&self.properties),
         )))
     }
@@ -907,22 +1218,32 @@ impl ExecutionPlan for ContractionExec {
         let probe = self.right.execute(partition, Arc::clone(&context))?;
         let spec = Arc::clone(&self.spec);
         let size = context.session_config().batch_size();
+        let execution = &context.session_config().options().execution;
+        let skip = (
+            execution.skip_partial_aggregation_probe_rows_threshold,
+            execution.skip_partial_aggregation_probe_ratio_threshold,
+        );
         let memory = MemoryConsumer::new(format!("ContractionExec[{partition}]"))
             .register(context.memory_pool());
         let metrics = BaselineMetrics::new(&self.metrics, partition);
         let probe_schema = self.right.schema();
         let state = async move {
-            let build = build.await.map_err(DataFusionError::Shared)?;
+            let collected = build.await.map_err(DataFusionError::Shared)?;
             let numbering = spec.probe.group_numbering(&probe_schema)?;
-            let groups = Groups::new(build.width(), spec.probe.factors.len());
+            let pass_after = collected.build.groups.is_none().then_some(skip);
+            let groups = Groups::new(collected.build.width(), spec.probe.factors.len());
             let sums = Probe {
                 spec,
-                build,
+                collected,
                 groups,
                 numbering,
                 memory,
                 keys: vec![],
                 numbers: vec![],
+                near_keys: vec![],
+                pass_after,
+                rows_seen: 0,
+                passing: false,
                 pending: vec![],
                 pending_rows: 0,
             };
