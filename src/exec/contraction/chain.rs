@@ -84,6 +84,21 @@ pub(super) fn chained(
 /// `pair` as a chain with its inner join's inputs swapped (the rows to
 /// stream are those DataFusion collects), where that is one.
 fn turned(pair: &ContractionExec, wanted: &Partitioning) -> Result<Option<ContractionExec>> {
+    // Only the join right below (through projections and round-robin
+    // repartitions; a shared subplan, say, is not rebuilt).
+    let mut input = &pair.right;
+    loop {
+        if let Some(projection) = input.downcast_ref::<ProjectionExec>() {
+            input = projection.input();
+        } else if let Some(deal) = dealt(input) {
+            input = deal.input();
+        } else {
+            break;
+        }
+    }
+    if input.downcast_ref::<HashJoinExec>().is_none() {
+        return Ok(None);
+    }
     let mut swapped = false;
     let right = Arc::clone(&pair.right)
         .transform_down(|node| {
