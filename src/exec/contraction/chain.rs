@@ -46,8 +46,8 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use super::groups::Groups;
 use super::numbering::{self, Nulls, NONE};
 use super::{
-    at_join, dealt, nulls, split_product, substitute, unrepartitioned, Build, ContractionExec,
-    Numbered, Part, Spec,
+    at_join, dealt, nulls, plain_inner, split_product, substitute, unprojected, unrepartitioned,
+    Build, ContractionExec, Numbered, Part, Spec,
 };
 
 /// A chain's near side and how it meets the other two (see the [module
@@ -149,26 +149,10 @@ fn linked(pair: &ContractionExec, wanted: &Partitioning) -> Result<Option<Contra
     let Some(join) = input.downcast_ref::<HashJoinExec>() else {
         return Ok(None);
     };
-    let inner = *join.join_type() == JoinType::Inner
-        && join.filter().is_none()
-        && !join.null_aware
-        && join.fetch().is_none()
-        && matches!(
-            join.partition_mode(),
-            PartitionMode::CollectLeft | PartitionMode::Partitioned
-        );
-    if !inner {
+    if !plain_inner(join) {
         return Ok(None);
     }
-    if let Some(projection) = &join.projection {
-        let schema = Arc::clone(join.join_schema());
-        probe = probe.map(|e| {
-            substitute(e, |c| {
-                let at = projection[c.index()];
-                Arc::new(Column::new(schema.field(at).name(), at))
-            })
-        })?;
-    }
+    probe = probe.map(|e| unprojected(join, e))?;
     let (near, below) = (join.left(), join.right());
     let (near_schema, below_schema) = (near.schema(), below.schema());
     let keys_supported = join.on().iter().all(|(n, p)| {

@@ -337,15 +337,7 @@ impl ContractionExec {
         let Some(join) = input.downcast_ref::<HashJoinExec>() else {
             return Ok(None);
         };
-        let inner = *join.join_type() == JoinType::Inner
-            && join.filter().is_none()
-            && !join.null_aware
-            && join.fetch().is_none()
-            && matches!(
-                join.partition_mode(),
-                PartitionMode::CollectLeft | PartitionMode::Partitioned
-            );
-        if !inner {
+        if !plain_inner(join) {
             return Ok(None);
         }
         if *join.partition_mode() == PartitionMode::Partitioned {
@@ -358,17 +350,9 @@ impl ContractionExec {
             };
         }
         let join_schema = Arc::clone(join.join_schema());
-        if let Some(projection) = &join.projection {
-            exprs = exprs
-                .into_iter()
-                .map(|e| {
-                    substitute(e, |c| {
-                        let at = projection[c.index()];
-                        Arc::new(Column::new(join_schema.field(at).name(), at))
-                    })
-                })
-                .collect::<Result<_>>()?;
-        }
+        exprs = (exprs.into_iter())
+            .map(|e| unprojected(join, e))
+            .collect::<Result<_>>()?;
         let (left, right) = (join.left(), join.right());
         let width = left.schema().fields().len();
         let (left_schema, right_schema) = (left.schema(), right.schema());
@@ -552,6 +536,32 @@ fn at_joins(
             Err(inputs) => internal_err!("a contraction over {} inputs", inputs.len()),
         },
     }
+}
+
+/// Whether `join` is an inner equijoin without a filter whose inputs a
+/// contraction can take (collected, or co-partitioned).
+fn plain_inner(join: &HashJoinExec) -> bool {
+    *join.join_type() == JoinType::Inner
+        && join.filter().is_none()
+        && !join.null_aware
+        && join.fetch().is_none()
+        && matches!(
+            join.partition_mode(),
+            PartitionMode::CollectLeft | PartitionMode::Partitioned
+        )
+}
+
+/// `expr` over `join`'s output as an expression over its joined rows
+/// (before its projection).
+fn unprojected(join: &HashJoinExec, expr: Arc<dyn PhysicalExpr>) -> Result<Arc<dyn PhysicalExpr>> {
+    let Some(projection) = &join.projection else {
+        return Ok(expr);
+    };
+    let schema = join.join_schema();
+    substitute(expr, |c| {
+        let at = projection[c.index()];
+        Arc::new(Column::new(schema.field(at).name(), at))
+    })
 }
 
 /// `plan` with its first hash join collecting its build side (the join
