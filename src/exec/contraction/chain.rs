@@ -46,8 +46,8 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use super::groups::Groups;
 use super::numbering::{self, Nulls, NONE};
 use super::{
-    at_join, dealt, nulls, plain_inner, split_product, substitute, unprojected, unrepartitioned,
-    Build, ContractionExec, Numbered, Part, Spec,
+    at_join, beneath, dealt, nulls, plain_inner, split_product, substitute, unprojected,
+    unrepartitioned, Build, ContractionExec, Numbered, Part, Spec,
 };
 
 /// A chain's near side and how it meets the other two (see the [module
@@ -84,19 +84,8 @@ pub(super) fn chained(
 /// `pair` as a chain with its inner join's inputs swapped (the rows to
 /// stream are those DataFusion collects), where that is one.
 fn turned(pair: &ContractionExec, wanted: &Partitioning) -> Result<Option<ContractionExec>> {
-    // Only the join right below (through projections and round-robin
-    // repartitions; a shared subplan, say, is not rebuilt).
-    let mut input = &pair.right;
-    loop {
-        if let Some(projection) = input.downcast_ref::<ProjectionExec>() {
-            input = projection.input();
-        } else if let Some(deal) = dealt(input) {
-            input = deal.input();
-        } else {
-            break;
-        }
-    }
-    if input.downcast_ref::<HashJoinExec>().is_none() {
+    // Only the join right below (a shared subplan, say, is not rebuilt).
+    if join_below(&pair.right).is_none() {
         return Ok(None);
     }
     let mut swapped = false;
@@ -133,24 +122,15 @@ fn linked(pair: &ContractionExec, wanted: &Partitioning) -> Result<Option<Contra
         return Ok(None);
     }
     // The probe side's expressions, followed down to the inner join.
-    let mut probe = spec.probe.clone();
-    let mut input = &pair.right;
-    loop {
-        if let Some(projection) = input.downcast_ref::<ProjectionExec>() {
-            let below: Vec<_> = projection.expr().iter().map(|p| &p.expr).collect();
-            probe = probe.map(|e| substitute(e, |c| Arc::clone(below[c.index()])))?;
-            input = projection.input();
-        } else if let Some(deal) = dealt(input) {
-            input = deal.input();
-        } else {
-            break;
-        }
-    }
-    let Some(join) = input.downcast_ref::<HashJoinExec>() else {
+    let Some((join, projections)) = join_below(&pair.right) else {
         return Ok(None);
     };
     if !plain_inner(join) {
         return Ok(None);
+    }
+    let mut probe = spec.probe.clone();
+    for projection in projections {
+        probe = probe.map(|e| beneath(projection, e))?;
     }
     probe = probe.map(|e| unprojected(join, e))?;
     let (near, below) = (join.left(), join.right());
@@ -339,6 +319,22 @@ pub(super) fn swapped(pair: &ContractionExec) -> Result<Option<ContractionExec>>
     match ContractionExec::pair(&plan)? {
         Some(turned) => chained(&turned, &pair.properties.partitioning),
         None => Ok(None),
+    }
+}
+
+/// The hash join below `plan` through projections and round-robin
+/// repartitions, and those projections from the top.
+fn join_below(plan: &Arc<dyn ExecutionPlan>) -> Option<(&HashJoinExec, Vec<&ProjectionExec>)> {
+    let (mut input, mut projections) = (plan, vec![]);
+    loop {
+        if let Some(projection) = input.downcast_ref::<ProjectionExec>() {
+            projections.push(projection);
+            input = projection.input();
+        } else if let Some(deal) = dealt(input) {
+            input = deal.input();
+        } else {
+            return Some((input.downcast_ref::<HashJoinExec>()?, projections));
+        }
     }
 }
 

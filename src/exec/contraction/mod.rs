@@ -316,10 +316,8 @@ impl ContractionExec {
         let mut input = aggregate.input();
         loop {
             if let Some(projection) = input.downcast_ref::<ProjectionExec>() {
-                let below: Vec<_> = projection.expr().iter().map(|p| &p.expr).collect();
-                exprs = exprs
-                    .into_iter()
-                    .map(|e| substitute(e, |c| Arc::clone(below[c.index()])))
+                exprs = (exprs.into_iter())
+                    .map(|e| beneath(projection, e))
                     .collect::<Result<_>>()?;
                 input = projection.input();
             } else if let Some(deal) = dealt(input) {
@@ -549,6 +547,15 @@ fn plain_inner(join: &HashJoinExec) -> bool {
             join.partition_mode(),
             PartitionMode::CollectLeft | PartitionMode::Partitioned
         )
+}
+
+/// `expr` over `projection`'s output as an expression over its input.
+fn beneath(
+    projection: &ProjectionExec,
+    expr: Arc<dyn PhysicalExpr>,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    let below = projection.expr();
+    substitute(expr, |c| Arc::clone(&below[c.index()].expr))
 }
 
 /// `expr` over `join`'s output as an expression over its joined rows
