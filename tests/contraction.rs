@@ -17,6 +17,7 @@ use datafusion::error::Result;
 use datafusion::physical_plan::{collect, displayable};
 use datafusion::prelude::*;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 /// How a random relation's keys are drawn.
@@ -79,6 +80,37 @@ fn relation(rng: &mut StdRng, rows: usize, ka: Keys, kb: Keys, nulls: f64) -> Re
         Field::new("b", kb.data_type(), true),
         Field::new("v", DataType::Float64, true),
     ]));
+    RecordBatch::try_new(
+        schema,
+        vec![ka.column(a), kb.column(b), Arc::new(Float64Array::from(v))],
+    )
+    .unwrap()
+}
+
+/// Every pair of `ka`'s and `kb`'s values once, in a random order, with
+/// random values (none NULL); then `repeats` of those rows again: a
+/// dense relation (the repeated keys' lists are not dense).
+fn full(rng: &mut StdRng, ka: Keys, kb: Keys, repeats: usize) -> RecordBatch {
+    let count = |k: Keys| match k {
+        Keys::Dense(c) | Keys::Sparse(c) | Keys::Strings(c) => c,
+    };
+    let mut pairs: Vec<(i64, i64)> = (0..count(ka))
+        .flat_map(|a| (0..count(kb)).map(move |b| (a, b)))
+        .collect();
+    pairs.shuffle(rng);
+    for _ in 0..repeats {
+        let again = pairs[rng.random_range(0..pairs.len())];
+        pairs.push(again);
+    }
+    let v: Vec<_> = (0..pairs.len())
+        .map(|_| Some(rng.random_range(-2.0..2.0)))
+        .collect();
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", ka.data_type(), true),
+        Field::new("b", kb.data_type(), true),
+        Field::new("v", DataType::Float64, true),
+    ]));
+    let (a, b): (Vec<_>, Vec<_>) = pairs.iter().map(|&(a, b)| (Some(a), Some(b))).unzip();
     RecordBatch::try_new(
         schema,
         vec![ka.column(a), kb.column(b), Arc::new(Float64Array::from(v))],
@@ -203,7 +235,7 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
     ];
     let mut rng = StdRng::seed_from_u64(47);
     let mut contracted = 0;
-    for case in 0..24 {
+    for case in 0..30 {
         let (n, d, h) = (
             rng.random_range(1..40),
             rng.random_range(1..12),
@@ -211,10 +243,19 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
         );
         let kinds = [Keys::Dense(d), Keys::Sparse(d), Keys::Strings(d)];
         let kd = kinds[case % 3];
-        let nulls = [0.0, 0.05, 0.3][case / 3 % 3];
+        // the last cases: w every (d, h) once (a dense matrix; in odd
+        // cases a few rows repeated), nothing NULL: rows of sums side by side
+        let dense = case >= 24;
+        let nulls = match dense {
+            true => 0.0,
+            false => [0.0, 0.05, 0.3][case / 3 % 3],
+        };
         let (x_rows, w_rows) = (rng.random_range(0..400), rng.random_range(0..200));
         let x = relation(&mut rng, x_rows, Keys::Dense(n), kd, nulls);
-        let w = relation(&mut rng, w_rows, kd, Keys::Sparse(h), nulls);
+        let w = match dense {
+            false => relation(&mut rng, w_rows, kd, Keys::Sparse(h), nulls),
+            true => full(&mut rng, kd, Keys::Sparse(h % 12 + 1), case % 2 * 3),
+        };
         for partitions in [1, 3] {
             let ctx = datafusion_grad::session_context_with_config(
                 SessionConfig::new().with_target_partitions(partitions),
@@ -273,7 +314,7 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
     ];
     let mut rng = StdRng::seed_from_u64(4700);
     let (mut chained, mut cases) = (0, 0);
-    for case in 0..18 {
+    for case in 0..24 {
         let (users, items, k) = (
             rng.random_range(1..30),
             rng.random_range(1..30),
@@ -281,7 +322,13 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
         );
         let kinds = [Keys::Dense(k), Keys::Sparse(k), Keys::Strings(k)];
         let kk = kinds[case % 3];
-        let nulls = [0.0, 0.05, 0.3][case / 3 % 3];
+        // the last cases: u and f every (key, k) once (dense; in odd cases
+        // a few rows repeated), nothing NULL: a dot product per rating
+        let dense = case >= 18;
+        let nulls = match dense {
+            true => 0.0,
+            false => [0.0, 0.05, 0.3][case / 3 % 3],
+        };
         let rows = rng.random_range(0..600);
         let r = relation(
             &mut rng,
@@ -290,8 +337,16 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
             Keys::Dense(items),
             nulls,
         );
-        let u = relation(&mut rng, rows / 8, Keys::Dense(users), kk, nulls);
-        let f = relation(&mut rng, rows / 8, Keys::Dense(items), kk, nulls);
+        let (u, f) = match dense {
+            false => (
+                relation(&mut rng, rows / 8, Keys::Dense(users), kk, nulls),
+                relation(&mut rng, rows / 8, Keys::Dense(items), kk, nulls),
+            ),
+            true => (
+                full(&mut rng, Keys::Dense(users), kk, case % 2 * 3),
+                full(&mut rng, Keys::Dense(items), kk, case % 2 * 3),
+            ),
+        };
         for partitions in [2, 3] {
             let ctx = datafusion_grad::session_context_with_config(
                 SessionConfig::new().with_target_partitions(partitions),

@@ -27,6 +27,7 @@
 //! plan from [`unshare`].
 
 use std::fmt;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -48,6 +49,7 @@ pub(crate) fn share(plan: LogicalPlan) -> LogicalPlan {
     LogicalPlan::Extension(Extension {
         node: Arc::new(Shared {
             schema: Arc::clone(plan.schema()),
+            fingerprint: fingerprint(&plan),
             input: Arc::new(plan),
         }),
     })
@@ -102,17 +104,38 @@ pub fn unshare(plan: LogicalPlan) -> Result<LogicalPlan> {
     .map(|t| t.data)
 }
 
+/// The hash of `plan`, computed once when it is shared: the plan of a
+/// backward pass holds the same subplan in many [`Shared`] nodes, nested,
+/// and DataFusion hashes the whole plan at every optimizer pass (its
+/// `LogicalPlanSignature`): hashing each node's subplan there would hash it
+/// once per path that reaches it.
+fn fingerprint(plan: &LogicalPlan) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    plan.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// A subplan computed once per query: the logical node of [`share`].
 ///
 /// The subplan is not an input of the node (a leaf to DataFusion's
 /// optimizer): the plan of a backward pass reads one shared subplan from
 /// many places, and as a child it would be optimized and planned once per
 /// read. [`SharingPlanner`](crate::physical_planner::SharingPlanner) optimizes and plans it once per query.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shared {
     pub(crate) input: Arc<LogicalPlan>,
     /// The input's schema.
     pub(crate) schema: DFSchemaRef,
+    /// The input's hash (equal inputs, equal fingerprints).
+    fingerprint: u64,
+}
+
+/// Hashes the input's fingerprint only (a nested [`Shared`] node's subplan
+/// is not hashed again): consistent with `Eq`, which compares the inputs.
+impl Hash for Shared {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.fingerprint.hash(state);
+    }
 }
 
 impl PartialOrd for Shared {

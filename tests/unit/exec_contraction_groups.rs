@@ -36,3 +36,49 @@ fn both_layouts_keep_the_groups_met() {
         assert_eq!(out.probe.len(), 0);
     }
 }
+
+/// A probe group's row of sums (one per build group, side by side): every
+/// group of the row is met, reached by a non-NULL product, and shares its
+/// sums with `place`; once the groups are hashed, no row is given.
+#[test]
+fn a_row_of_sums_is_its_groups_side_by_side() {
+    let mut groups = Groups::new(3, 2);
+    let row = groups.row(1).expect("the dense layout gives rows");
+    assert_eq!(row.len(), 6);
+    for (i, s) in row.iter_mut().enumerate() {
+        *s += i as f64;
+    }
+    let place = groups.place(1, 2);
+    groups.add(place, 1, 10.0);
+    let row = groups.row(1).expect("the dense layout gives rows");
+    assert_eq!(row, [0.0, 1.0, 2.0, 3.0, 4.0, 15.0]);
+    let other = groups.place(0, 0);
+    groups.add(other, 0, 7.0);
+    let out = groups.take();
+    let rows: Vec<(u32, u32, Option<f64>, Option<f64>)> = (0..out.probe.len())
+        .map(|i| {
+            let v = |s: &Float64Array| s.is_valid(i).then(|| s.value(i));
+            (
+                out.probe.value(i),
+                out.build.value(i),
+                v(&out.sums[0]),
+                v(&out.sums[1]),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (0, 0, Some(7.0), None),
+            (1, 0, Some(0.0), Some(1.0)),
+            (1, 1, Some(2.0), Some(3.0)),
+            (1, 2, Some(4.0), Some(15.0)),
+        ]
+    );
+    // A row far beyond the groups met: the groups move to a hash table.
+    let mut groups = Groups::new(DENSE_SLACK + 1, 1);
+    assert!(groups.row(4).is_none());
+    let place = groups.place(4, 0);
+    groups.add(place, 0, 1.0);
+    assert_eq!(groups.take().probe.len(), 1);
+}

@@ -46,7 +46,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, Partitio
 use super::groups::Groups;
 use super::numbering::{self, Nulls, NONE};
 use super::{
-    at_join, beneath, dealt, nulls, plain_inner, split_product, substitute, unprojected,
+    at_join, beneath, dealt, dot, nulls, plain_inner, split_product, substitute, unprojected,
     unrepartitioned, Build, ContractionExec, Numbered, Part, Spec,
 };
 
@@ -388,6 +388,27 @@ pub(super) fn add(
         let (mut i, near_end) = (near.starts[n as usize], near.starts[n as usize + 1]);
         let (mut j, build_end) = (build.starts[b as usize], build.starts[b as usize + 1]);
         let probe_group = rows.groups[row];
+        if one_group && !checked && near.dense[n as usize] && build.dense[b as usize] {
+            // Both lists one entry per link, in order: the pairs are
+            // side by side, a dot product per aggregate.
+            let (i, j, links) = (
+                near.starts[n as usize],
+                build.starts[b as usize],
+                near_end - i,
+            );
+            let place = groups.place(probe_group, 0);
+            for a in 0..aggregates {
+                let at = |start: usize| (start..start + links).map(move |e| e * aggregates + a);
+                let sum = match aggregates {
+                    1 => dot(&near.factor[i..i + links], &build.factor[j..j + links]),
+                    _ => (at(i).zip(at(j)))
+                        .map(|(x, y)| near.factor[x] * build.factor[y])
+                        .sum(),
+                };
+                groups.add(place, a, rows.factor(row, a).unwrap_or_default() * sum);
+            }
+            continue;
+        }
         let mut matched = false;
         let mut pair = |i: usize, j: usize| {
             matched = true;

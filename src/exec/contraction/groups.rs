@@ -110,6 +110,41 @@ impl Groups {
         place as usize
     }
 
+    /// The sums of every group of `probe` (one per build group, in their
+    /// order, `aggregates` each), made if they are new, each now reached
+    /// by a non-NULL product; `None` where the groups are (or now go) in
+    /// the hash table.
+    #[inline]
+    pub fn row(&mut self, probe: u32) -> Option<&mut [f64]> {
+        let Layout::Dense {
+            width,
+            present,
+            met,
+        } = &mut self.layout
+        else {
+            return None;
+        };
+        let (start, end) = (probe as usize * *width, (probe as usize + 1) * *width);
+        if end > present.len() {
+            if end > 4 * *met + DENSE_SLACK {
+                self.hash();
+                return None;
+            }
+            present.resize(end, false);
+            self.sums.resize(end * self.aggregates, 0.0);
+            self.seen.resize(end * self.aggregates, false);
+        }
+        for p in &mut present[start..end] {
+            if !*p {
+                *p = true;
+                *met += 1;
+            }
+        }
+        let (start, end) = (start * self.aggregates, end * self.aggregates);
+        self.seen[start..end].fill(true);
+        Some(&mut self.sums[start..end])
+    }
+
     /// The place of `(probe, build)` side by side, `None` where the groups
     /// are (or now go) in the hash table.
     #[inline]

@@ -243,6 +243,11 @@ struct Build {
     factor: Vec<f64>,
     /// Whether each of those factors is not NULL (empty: none is NULL).
     valid: Vec<bool>,
+    /// Whether the entries of each key are, in order, one for each number
+    /// of what they are listed by (the link in a chain, else the build
+    /// group; never an empty list): a row of a dense matrix, whose
+    /// products a probe row adds side by side.
+    dense: Vec<bool>,
     _memory: MemoryReservation,
 }
 
@@ -815,11 +820,31 @@ impl Build {
             order[next[k as usize]] = row;
             next[k as usize] += 1;
         }
-        if !link.is_empty() {
+        // Within a key, by link (a chain's merge needs it) or else by
+        // group (stable: the entries of one group keep their order, and so
+        // each group's sum its order of additions).
+        let listed_by = match link.is_empty() {
+            true => &group,
+            false => &link,
+        };
+        if !link.is_empty() || groups.is_some() {
             for k in 0..keys.len() {
-                order[starts[k]..starts[k + 1]].sort_unstable_by_key(|&row| link[row]);
+                order[starts[k]..starts[k + 1]].sort_by_key(|&row| listed_by[row]);
             }
         }
+        let numbers = match &links {
+            Links::Without => groups.as_ref().map_or(1, Numbering::len),
+            Links::Numbered(_, numbering) => numbering.len(),
+            Links::Found(_, numbering) => numbering.len(),
+        };
+        let dense = (0..keys.len())
+            .map(|k| {
+                let entries = &order[starts[k]..starts[k + 1]];
+                !entries.is_empty()
+                    && entries.len() == numbers
+                    && (entries.iter().enumerate()).all(|(n, &row)| listed_by[row] as usize == n)
+            })
+            .collect();
         let all_valid = valid.iter().all(|&v| v);
         let listed = |per: usize, values: &[f64]| -> Vec<f64> {
             order
@@ -852,6 +877,7 @@ impl Build {
             group,
             factor,
             valid,
+            dense,
             _memory: memory,
         })
     }
@@ -1086,13 +1112,37 @@ impl Build {
 fn add_pairs(rows: &Numbered, build: &Build, groups: &mut Groups) {
     let aggregates = rows.side.factors.len();
     let checked = rows.checked(build);
+    let mut probe_factors = vec![0.0; aggregates];
     for row in 0..rows.side.rows {
         let k = rows.keys[row];
         if k == NONE {
             continue;
         }
         let probe_group = rows.groups[row];
-        for entry in build.starts[k as usize]..build.starts[k as usize + 1] {
+        let entries = build.starts[k as usize]..build.starts[k as usize + 1];
+        if !checked && build.dense[k as usize] {
+            // One product per build group, in the order of the groups: the
+            // row's sums side by side, each a multiply-add.
+            if let Some(sums) = groups.row(probe_group) {
+                let factors = &build.factor[entries.start * aggregates..entries.end * aggregates];
+                for (a, p) in probe_factors.iter_mut().enumerate() {
+                    *p = rows.factor(row, a).unwrap_or_default();
+                }
+                match probe_factors[..] {
+                    [p] => axpy(p, factors, sums),
+                    _ => {
+                        let per_group = sums.chunks_exact_mut(aggregates);
+                        for (sums, factors) in per_group.zip(factors.chunks_exact(aggregates)) {
+                            for a in 0..aggregates {
+                                sums[a] += probe_factors[a] * factors[a];
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+        }
+        for entry in entries {
             let place = groups.place(probe_group, build.group[entry]);
             for a in 0..aggregates {
                 if !checked {
@@ -1106,6 +1156,30 @@ fn add_pairs(rows: &Numbered, build: &Build, groups: &mut Groups) {
             }
         }
     }
+}
+
+/// `y += a · x`, element by element.
+#[inline]
+fn axpy(a: f64, x: &[f64], y: &mut [f64]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// `Σ x · y`, in four running sums (which the compiler vectorizes).
+#[inline]
+fn dot(x: &[f64], y: &[f64]) -> f64 {
+    let mut lanes = [0.0; 4];
+    let (x4, y4) = (x.chunks_exact(4), y.chunks_exact(4));
+    let rest: f64 = (x4.remainder().iter().zip(y4.remainder()))
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in x4.zip(y4) {
+        for l in 0..4 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + rest
 }
 
 impl DisplayAs for ContractionExec {
