@@ -16,7 +16,9 @@
 //! `v` under its item are each listed in the order of their *link* (here
 //! `k`, numbered once for both sides), and a merge of the two lists finds
 //! the pairs whose links are equal — a row-wise dot product, K steps per
-//! rating instead of K joined rows.
+//! rating instead of K joined rows (where both lists are one entry per
+//! link, in order, nothing is NULL and the build side gives no group
+//! column, a plain dot product of the two rows of factors).
 //!
 //! A chain is taken where the probe side of a contraction of two inputs is
 //! (through projections and round-robin repartitions) an inner hash join

@@ -16,7 +16,9 @@
 //! factor of every product), and for each probe row adds its factor times
 //! each listed factor straight into the sums of the groups they make (side
 //! by side where the build side has few groups, like a row of a dense
-//! product). The final aggregate above merges its partial sums as before.
+//! product; where a key's list is one entry per build group, in order,
+//! and nothing is NULL, as one multiply-add over the row's sums). The
+//! final aggregate above merges its partial sums as before.
 //!
 //! The answer is the join + aggregate's: a group exists only where a joined
 //! row does; NULL keys match nothing (or, under `IS NOT DISTINCT FROM`,
