@@ -2,7 +2,23 @@
 //! contraction's groups, in both layouts.
 
 use datafusion::arrow::array::{Array, Float64Array};
-use datafusion_grad::exec::contraction::groups::{Groups, DENSE_SLACK};
+use datafusion_grad::exec::contraction::groups::{Emitted, Groups, DENSE_SLACK};
+
+/// The emitted groups of two sums: probe and build numbers, each sum
+/// (`None`: NULL).
+fn rows(out: &Emitted) -> Vec<(u32, u32, Option<f64>, Option<f64>)> {
+    (0..out.probe.len())
+        .map(|i| {
+            let v = |s: &Float64Array| s.is_valid(i).then(|| s.value(i));
+            (
+                out.probe.value(i),
+                out.build.value(i),
+                v(&out.sums[0]),
+                v(&out.sums[1]),
+            )
+        })
+        .collect()
+}
 
 /// The same pairs and sums in both layouts: only groups met, NULL where
 /// no non-NULL product came.
@@ -17,23 +33,11 @@ fn both_layouts_keep_the_groups_met() {
         let a2 = groups.place(2, 1);
         assert_eq!(a, a2);
         groups.add(a2, 0, 2.0);
-        let mut out = groups.take();
-        let mut rows: Vec<(u32, u32, Option<f64>, Option<f64>)> = (0..out.probe.len())
-            .map(|i| {
-                let v = |s: &Float64Array| s.is_valid(i).then(|| s.value(i));
-                (
-                    out.probe.value(i),
-                    out.build.value(i),
-                    v(&out.sums[0]),
-                    v(&out.sums[1]),
-                )
-            })
-            .collect();
+        let mut rows = rows(&groups.take());
         rows.sort_by_key(|r| (r.0, r.1));
         assert_eq!(rows, [(0, 2, None, Some(4.0)), (2, 1, Some(3.5), None)]);
         assert!(groups.is_empty());
-        out = groups.take();
-        assert_eq!(out.probe.len(), 0);
+        assert_eq!(groups.take().probe.len(), 0);
     }
 }
 
@@ -54,20 +58,8 @@ fn a_row_of_sums_is_its_groups_side_by_side() {
     assert_eq!(row, [0.0, 1.0, 2.0, 3.0, 4.0, 15.0]);
     let other = groups.place(0, 0);
     groups.add(other, 0, 7.0);
-    let out = groups.take();
-    let rows: Vec<(u32, u32, Option<f64>, Option<f64>)> = (0..out.probe.len())
-        .map(|i| {
-            let v = |s: &Float64Array| s.is_valid(i).then(|| s.value(i));
-            (
-                out.probe.value(i),
-                out.build.value(i),
-                v(&out.sums[0]),
-                v(&out.sums[1]),
-            )
-        })
-        .collect();
     assert_eq!(
-        rows,
+        rows(&groups.take()),
         [
             (0, 0, Some(7.0), None),
             (1, 0, Some(0.0), Some(1.0)),

@@ -116,6 +116,42 @@ impl Groups {
     /// the hash table.
     #[inline]
     pub fn row(&mut self, probe: u32) -> Option<&mut [f64]> {
+        let (start, end) = self.row_places(probe)?;
+        let Layout::Dense { present, met, .. } = &mut self.layout else {
+            unreachable!("rows are laid out side by side")
+        };
+        for p in &mut present[start..end] {
+            if !*p {
+                *p = true;
+                *met += 1;
+            }
+        }
+        let (start, end) = (start * self.aggregates, end * self.aggregates);
+        self.seen[start..end].fill(true);
+        Some(&mut self.sums[start..end])
+    }
+
+    /// The place of `(probe, build)` side by side, `None` where the groups
+    /// are (or now go) in the hash table.
+    #[inline]
+    fn dense_place(&mut self, probe: u32, build: u32) -> Option<usize> {
+        let (start, _) = self.row_places(probe)?;
+        let Layout::Dense { present, met, .. } = &mut self.layout else {
+            unreachable!("rows are laid out side by side")
+        };
+        let place = start + build as usize;
+        if !present[place] {
+            present[place] = true;
+            *met += 1;
+        }
+        Some(place)
+    }
+
+    /// The places of `probe`'s groups side by side, laid out if they are
+    /// not yet; `None` where the groups are in the hash table, or now go
+    /// there (laying them out would pass the slack).
+    #[inline]
+    fn row_places(&mut self, probe: u32) -> Option<(usize, usize)> {
         let Layout::Dense {
             width,
             present,
@@ -134,45 +170,7 @@ impl Groups {
             self.sums.resize(end * self.aggregates, 0.0);
             self.seen.resize(end * self.aggregates, false);
         }
-        for p in &mut present[start..end] {
-            if !*p {
-                *p = true;
-                *met += 1;
-            }
-        }
-        let (start, end) = (start * self.aggregates, end * self.aggregates);
-        self.seen[start..end].fill(true);
-        Some(&mut self.sums[start..end])
-    }
-
-    /// The place of `(probe, build)` side by side, `None` where the groups
-    /// are (or now go) in the hash table.
-    #[inline]
-    fn dense_place(&mut self, probe: u32, build: u32) -> Option<usize> {
-        let Layout::Dense {
-            width,
-            present,
-            met,
-        } = &mut self.layout
-        else {
-            return None;
-        };
-        let place = probe as usize * *width + build as usize;
-        if place >= present.len() {
-            let end = (probe as usize + 1) * *width;
-            if end > 4 * *met + DENSE_SLACK {
-                self.hash();
-                return None;
-            }
-            present.resize(end, false);
-            self.sums.resize(end * self.aggregates, 0.0);
-            self.seen.resize(end * self.aggregates, false);
-        }
-        if !present[place] {
-            present[place] = true;
-            *met += 1;
-        }
-        Some(place)
+        Some((start, end))
     }
 
     /// The groups met moved to a hash table, their sums with them.
