@@ -123,11 +123,12 @@ fn fingerprint(plan: &LogicalPlan) -> u64 {
 /// read. [`SharingPlanner`](crate::physical_planner::SharingPlanner) optimizes and plans it once per query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shared {
+    /// The input's hash (equal inputs, equal fingerprints): first, so that
+    /// `Eq` tells different inputs apart before comparing them.
+    fingerprint: u64,
     pub(crate) input: Arc<LogicalPlan>,
     /// The input's schema.
     pub(crate) schema: DFSchemaRef,
-    /// The input's hash (equal inputs, equal fingerprints).
-    fingerprint: u64,
 }
 
 /// Hashes the input's fingerprint only (a nested [`Shared`] node's subplan

@@ -393,11 +393,7 @@ pub(super) fn add(
         if one_group && !checked && near.dense[n as usize] && build.dense[b as usize] {
             // Both lists one entry per link, in order: the pairs are
             // side by side, a dot product per aggregate.
-            let (i, j, links) = (
-                near.starts[n as usize],
-                build.starts[b as usize],
-                near_end - i,
-            );
+            let links = near_end - i;
             let place = groups.place(probe_group, 0);
             for a in 0..aggregates {
                 let at = |start: usize| (start..start + links).map(move |e| e * aggregates + a);
