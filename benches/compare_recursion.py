@@ -41,10 +41,12 @@ mode and <= 4x for the 64-element state in reverse mode.
 elements) in a process of its own per variant, in one and two partitions,
 and reports the peak resident memory of the loop alone and of its gradient,
 every state kept (`checkpoint_every = 1`) against the default (about every
-sqrt(T)-th state kept, the rest recomputed).
+sqrt(T)-th state kept, the rest recomputed); then the same for `meta`
+(case 1) over `--rows` rows at each of `--meta-steps`.
 
     python3 benches/compare_recursion.py [--dfgrad PATH] [--repeat 5]
     python3 benches/compare_recursion.py --memory --steps 1000 10000
+    python3 benches/compare_recursion.py --memory --steps 100 --rows 1000 --meta-steps 100 1000 10000
 """
 
 import argparse
@@ -274,6 +276,34 @@ def memory(args):
                 rss_kib, elapsed = p.stdout.split()
                 print(f"{t:>6} {partitions:>10} {label:<14} {float(elapsed):8.3f} "
                       f"{int(rss_kib) / 1024:13.1f}", flush=True)
+    # Case 1 (a loop whose steps aggregate over data): the backward
+    # recursion reads the loop's rows from checkpoints.
+    n = args.rows[0]
+    setup = META_TABLE.format(name="tr", first=1, last=n) + "\n"
+    setup += META_TABLE.format(name="va", first=n + 1, last=n + 1000) + "\n"
+    print(f"meta (case 1), N = {n}, one process per run")
+    print(f"{'T':>6} {'kept':<14} {'time s':>8} {'peak RSS MiB':>13}")
+    gradient = f"{META_LOSS}, grad({META_LOSS}, w0)"
+    for t in args.meta_steps:
+        variants = [("loop alone", None, META.format(t=t, select=META_LOSS))] + [
+            (label, every, REVERSE.format(sql=META.format(t=t, select=gradient)))
+            for label, every in [("every state", 1), ("~sqrt(T)", 0)]
+        ]
+        for label, every, sql in variants:
+            script = setup
+            if every is not None:
+                script += f"SET datafusion_grad.checkpoint_every = {every};\n"
+            # the query's time: the statement before the trailing SET
+            script += sql.replace("\nSET datafusion_grad.recursion_mode = 'auto';", "")
+            p = subprocess.run(
+                ["python3", "-c", MEASURE, args.dfgrad],
+                input=script, capture_output=True, text=True,
+            )
+            if p.returncode != 0:
+                sys.exit(p.stderr)
+            rss_kib, elapsed = p.stdout.split()
+            print(f"{t:>6} {label:<14} {float(elapsed):8.3f} {int(rss_kib) / 1024:13.1f}",
+                  flush=True)
 
 
 # Runs dfgrad on stdin's script and prints its peak RSS (KiB) and the

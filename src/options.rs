@@ -124,11 +124,12 @@ config_namespace! {
         /// mode otherwise), forward (tangent columns carried through the
         /// iterations) or reverse (the iterations replayed backwards).
         pub recursion_mode: RecursionMode, default = RecursionMode::Auto
-        /// In reverse mode through a recursive query, every how many
-        /// iterations a state is kept while the iterations are replayed
-        /// (the others are recomputed from the one kept before them);
-        /// 0: about the square root of the iteration count, so memory grows
-        /// like √T states; 1: every state.
+        /// In reverse mode through a recursive query (a row-wise loop's
+        /// replay, or the backward recursion of a loop whose step
+        /// aggregates), every how many iterations a state is kept (the
+        /// others are recomputed from the one kept before them); 0: about
+        /// the square root of the iteration count, so memory grows like √T
+        /// states; 1: every state.
         pub checkpoint_every: u64, default = 0
     }
 }

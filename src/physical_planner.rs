@@ -32,18 +32,21 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use crate::error::{fail, ErrorKind};
 use crate::exec::adjoint_loop::{properties, AdjointLoopExec, Replay, Seeds};
 use crate::exec::group_join::GroupJoinExec;
+use crate::exec::history::{Checkpoints, HistoryExec, PreviousRowExec};
 use crate::exec::iterate::IterateExec;
 use crate::exec::iterations::limit_iterations;
 use crate::exec::one_final_partition;
 use crate::exec::overwrite::OverwriteExec;
 use crate::exec::row_index::Duplicate;
 use crate::exec::shared::{Cache, SharedExec};
+use crate::options::GradOptions;
 use crate::plan::adjoint_loop::AdjointLoop;
-use crate::plan::iterate::{iterate_loops, Iterate};
+use crate::plan::history::{History, PreviousRow};
+use crate::plan::iterate::{iterate_loops, iterated, Iterate};
 use crate::plan::overwrite::Overwrite;
 use crate::plan::reverse::GroupJoin;
 use crate::plan::shared::Shared;
-use crate::reserved::{initial_column, seed_column, ITERATION_COLUMN};
+use crate::reserved::{initial_column, seed_column, ITERATION_COLUMN, TRAJECTORY_COLUMN};
 
 /// Plans [`Iterate`] nodes as [`IterateExec`]s.
 #[derive(Debug, Default)]
@@ -100,6 +103,7 @@ impl QueryPlanner for SharingPlanner {
             Arc::new(AdjointLoopPlanner),
             Arc::new(OverwritePlanner),
             Arc::new(GroupJoinPlanner),
+            Arc::new(Histories::default()),
         ])
         .create_physical_plan(&plan, session)
         .await?;
@@ -150,6 +154,92 @@ impl ExtensionPlanner for Caches {
             }
         };
         Ok(Some(Arc::new(SharedExec::new(input, cache))))
+    }
+}
+
+/// Plans the [`History`] and [`PreviousRow`] nodes of each loop over one
+/// record of its [`Checkpoints`] (per physical plan, by the loop's logical
+/// plan); the loop is planned anew for each read and for the replays, so
+/// that no two of them iterate one plan at once.
+#[derive(Debug, Default)]
+struct Histories(Mutex<HashMap<LogicalPlan, Arc<Checkpoints>>>);
+
+impl Histories {
+    /// The checkpoints of the loop `lp`.
+    async fn of(
+        &self,
+        lp: &LogicalPlan,
+        planner: &dyn PhysicalPlanner,
+        session: &dyn Session,
+    ) -> Result<Arc<Checkpoints>> {
+        if let Some(known) = self.0.lock().expect("histories lock").get(lp) {
+            return Ok(Arc::clone(known));
+        }
+        let every = GradOptions::setting(session.config_options(), |o| o.checkpoint_every);
+        let replay = match every {
+            1 => None,
+            _ => Some(loop_plan(lp, planner, session).await?),
+        };
+        let schema = Arc::clone(lp.schema().inner());
+        let iteration = schema.index_of(ITERATION_COLUMN)?;
+        let checkpoints = Arc::new(Checkpoints::new(replay, every, schema, iteration));
+        let mut known = self.0.lock().expect("histories lock");
+        Ok(Arc::clone(known.entry(lp.clone()).or_insert(checkpoints)))
+    }
+}
+
+/// The loop `lp` optimized and planned, run by our iteration (which
+/// replays an iteration from given rows).
+async fn loop_plan(
+    lp: &LogicalPlan,
+    planner: &dyn PhysicalPlanner,
+    session: &dyn Session,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let optimized = iterated(iterate_loops(session.optimize(lp)?)?)?;
+    planner.create_physical_plan(&optimized, session).await
+}
+
+#[async_trait]
+impl ExtensionPlanner for Histories {
+    async fn plan_extension(
+        &self,
+        planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session: &dyn Session,
+        _planning_ctx: &PhysicalPlanningContext,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if let Some(history) = node.as_any().downcast_ref::<History>() {
+            let checkpoints = self.of(&history.input, planner, session).await?;
+            let input = loop_plan(&history.input, planner, session).await?;
+            return Ok(Some(Arc::new(HistoryExec::new(input, checkpoints))));
+        }
+        let Some(previous) = node.as_any().downcast_ref::<PreviousRow>() else {
+            return Ok(None);
+        };
+        let [input] = physical_inputs else {
+            return internal_err!("PreviousRow has one input");
+        };
+        let checkpoints = self.of(&previous.history, planner, session).await?;
+        let rows = input.schema();
+        let at = [
+            rows.index_of(TRAJECTORY_COLUMN)?,
+            rows.index_of(ITERATION_COLUMN)?,
+        ];
+        let trajectory = previous
+            .history
+            .schema()
+            .inner()
+            .index_of(TRAJECTORY_COLUMN)?;
+        let exec = PreviousRowExec::try_new(
+            Arc::clone(input),
+            checkpoints,
+            at,
+            trajectory,
+            Arc::clone(previous.schema.inner()),
+        )?;
+        Ok(Some(Arc::new(exec)))
     }
 }
 

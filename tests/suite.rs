@@ -15,6 +15,8 @@ mod arrow_ffi;
 mod ballista;
 #[path = "broadcast.rs"]
 mod broadcast;
+#[path = "checkpoints.rs"]
+mod checkpoints;
 #[path = "cli.rs"]
 mod cli;
 /// Helpers shared by the test modules (running `dfgrad`, comparing numbers).

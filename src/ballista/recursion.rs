@@ -179,12 +179,14 @@ impl QueryPlanner for ClientRecursion {
         session: &dyn Session,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         // Ballista does not know the shared-subplan node (each read is
-        // computed) nor the group join of a gradient table (plain operators)
-        // nor, on its executors, its duplicate-rows check (plain SQL).
-        let logical_plan =
-            &crate::plan::reverse::plain_checks(crate::plan::reverse::plain_group_joins(
+        // computed) nor a loop's checkpointed rows (the loop and a join) nor
+        // the group join of a gradient table (plain operators) nor, on its
+        // executors, its duplicate-rows check (plain SQL).
+        let logical_plan = &crate::plan::reverse::plain_checks(
+            crate::plan::reverse::plain_group_joins(crate::plan::history::plain_histories(
                 crate::plan::shared::unshare(logical_plan.clone())?,
-            )?)?;
+            )?)?,
+        )?;
         let recursive = logical_plan.exists(|p| Ok(matches!(p, LogicalPlan::RecursiveQuery(_))))?;
         if matches!(logical_plan, LogicalPlan::Explain(_)) {
             return self.inner.create_physical_plan(logical_plan, session).await;

@@ -83,6 +83,39 @@ impl IterateExec {
     }
 }
 
+impl IterateExec {
+    /// Whether the recursion keeps only rows it has not produced before
+    /// (`UNION`): an iteration's rows then depend on all the rows before.
+    pub(crate) fn distinct(&self) -> bool {
+        self.distinct
+    }
+
+    /// The rows one iteration makes from `rows` (rows of this recursive
+    /// query, as an iteration produced them): the recursive term run once
+    /// over them, to replay iterations from a kept state
+    /// ([`super::history`]). Not while this plan is being iterated: its
+    /// scans read `rows` in its place.
+    pub(crate) async fn step(
+        &self,
+        rows: Vec<RecordBatch>,
+        context: &Arc<TaskContext>,
+    ) -> Result<Vec<RecordBatch>> {
+        *self.rows.rows.lock().expect("iteration rows lock") = Some(rows);
+        // A new iteration to the shared subplans over the rows.
+        self.rows.iteration.fetch_add(1, Ordering::AcqRel);
+        let term = reset_plan_states(Arc::clone(&self.recursive_term))?;
+        let mut stream = term.execute(0, Arc::clone(context))?;
+        let mut made = Vec::new();
+        while let Some(batch) = stream.next().await.transpose()? {
+            if batch.num_rows() > 0 {
+                made.push(batch);
+            }
+        }
+        *self.rows.rows.lock().expect("iteration rows lock") = None;
+        Ok(made)
+    }
+}
+
 /// The work-table scans of one recursive query, to replace.
 struct Scans<'a> {
     name: &'a str,

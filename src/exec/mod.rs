@@ -28,6 +28,9 @@
 //!   by one operator;
 //! - [`adjoint_loop`]: each row's iterations replayed forwards, then
 //!   backwards through the step's vector-Jacobian product;
+//! - [`history`]: a training loop's rows passed on with checkpoints kept,
+//!   and each backward step's row of the iteration before, replayed from
+//!   them;
 //! - [`overwrite`]: a table's contents replaced by an `UPDATE`'s rows;
 //! - [`group_join`], [`row_index`]: a gradient table summed into the
 //!   parameter rows.
@@ -39,6 +42,7 @@ pub mod adjoint_loop;
 pub mod broadcast_aggregate;
 pub mod contraction;
 pub mod group_join;
+pub mod history;
 pub mod iterate;
 pub mod iterations;
 pub mod kept_join;

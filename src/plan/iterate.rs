@@ -52,33 +52,56 @@ use super::shared::shared_input;
 /// table more than once as an [`Iterate`] node (see the [module docs](self)).
 pub(crate) fn iterate_loops(plan: LogicalPlan) -> Result<LogicalPlan> {
     plan.transform_up_with_subqueries(|p| {
-        let LogicalPlan::RecursiveQuery(mut q) = p else {
+        let LogicalPlan::RecursiveQuery(q) = p else {
             return Ok(Transformed::no(p));
         };
-        if subquery_reads(&q.recursive_term, &q.name)? {
-            q.recursive_term = Arc::new(subqueries_as_joins(&q.recursive_term)?);
-        }
+        let q = with_subqueries_as_joins(q)?;
         if work_table_reads(&q.recursive_term, &q.name)? < 2 {
             return Ok(Transformed::yes(LogicalPlan::RecursiveQuery(q)));
         }
-        let RecursiveQuery {
-            name,
-            static_term,
-            recursive_term,
-            is_distinct,
-            schema,
-        } = q;
-        Ok(Transformed::yes(LogicalPlan::Extension(Extension {
-            node: Arc::new(Iterate {
-                name,
-                static_term: Arc::unwrap_or_clone(static_term),
-                recursive_term: Arc::unwrap_or_clone(recursive_term),
-                distinct: is_distinct,
-                schema,
-            }),
-        })))
+        Ok(Transformed::yes(iterate(q)))
     })
     .map(|t| t.data)
+}
+
+/// `plan` as an [`Iterate`] node if it is a recursive query, however often
+/// its recursive term reads the work table: run by our iteration, which
+/// can also replay one iteration from given rows (a loop whose rows
+/// reverse mode checkpoints, [`super::history`]). Any other plan as it is.
+pub(crate) fn iterated(plan: LogicalPlan) -> Result<LogicalPlan> {
+    match plan {
+        LogicalPlan::RecursiveQuery(q) => Ok(iterate(with_subqueries_as_joins(q)?)),
+        other => Ok(other),
+    }
+}
+
+/// `q` with the scalar subqueries of its recursive term that read the work
+/// table written as joins.
+fn with_subqueries_as_joins(mut q: RecursiveQuery) -> Result<RecursiveQuery> {
+    if subquery_reads(&q.recursive_term, &q.name)? {
+        q.recursive_term = Arc::new(subqueries_as_joins(&q.recursive_term)?);
+    }
+    Ok(q)
+}
+
+/// `q` as an [`Iterate`] node.
+fn iterate(q: RecursiveQuery) -> LogicalPlan {
+    let RecursiveQuery {
+        name,
+        static_term,
+        recursive_term,
+        is_distinct,
+        schema,
+    } = q;
+    LogicalPlan::Extension(Extension {
+        node: Arc::new(Iterate {
+            name,
+            static_term: Arc::unwrap_or_clone(static_term),
+            recursive_term: Arc::unwrap_or_clone(recursive_term),
+            distinct: is_distinct,
+            schema,
+        }),
+    })
 }
 
 /// Whether a scalar subquery in `plan` reads the work table `name`.

@@ -47,6 +47,7 @@ pub mod cross_joins;
 pub mod dml;
 pub mod expand;
 pub mod free_variables;
+pub mod history;
 pub mod iterate;
 pub(crate) mod kit;
 pub mod lineage;

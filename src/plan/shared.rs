@@ -109,7 +109,7 @@ pub fn unshare(plan: LogicalPlan) -> Result<LogicalPlan> {
 /// and DataFusion hashes the whole plan at every optimizer pass (its
 /// `LogicalPlanSignature`): hashing each node's subplan there would hash it
 /// once per path that reaches it.
-fn fingerprint(plan: &LogicalPlan) -> u64 {
+pub(super) fn fingerprint(plan: &LogicalPlan) -> u64 {
     let mut hasher = DefaultHasher::new();
     plan.hash(&mut hasher);
     hasher.finish()

@@ -16,7 +16,9 @@
 //!   the same joined rows, with `ḡ_j = ∂⟨ā, U⟩/∂g_j`.
 //!
 //! The CTE is computed once with each row's iteration and first row (its
-//! trajectory) and shared; the backward recursion's first rows are the
+//! trajectory), checkpointed ([`crate::plan::history`]: about √T of its
+//! T iterations kept, the others replayed where a backward step reads
+//! them); the backward recursion's first rows are the
 //! cotangents of `f` at the rows the derivative is asked for, summed per
 //! key (the group of the aggregate asking for it, or the row of the SELECT
 //! list) and row of the CTE — the backward pass is linear, so
@@ -52,7 +54,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::{DataType, Field};
 use datafusion::catalog::default_table_source::provider_as_source;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{internal_err, Column, DFSchema, NullEquality, ScalarValue};
+use datafusion::common::{internal_err, Column, DFSchema, ScalarValue};
 use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::error::Result;
 use datafusion::functions::core::expr_fn::get_field;
@@ -61,9 +63,8 @@ use datafusion::functions_window::expr_fn::{dense_rank, row_number};
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Join, JoinConstraint, JoinType,
-    LogicalPlan, LogicalPlanBuilder, Projection, RecursiveQuery, ScalarUDF, SubqueryAlias,
-    TableScanBuilder,
+    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, JoinType, LogicalPlan,
+    LogicalPlanBuilder, Projection, RecursiveQuery, ScalarUDF, SubqueryAlias, TableScanBuilder,
 };
 use datafusion::optimizer::AnalyzerRule;
 
@@ -75,6 +76,7 @@ use super::GradAnalyzer;
 use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
+use crate::plan::history::{history, previous_row};
 use crate::plan::lineage::{origin_of, Scope};
 use crate::plan::reverse::inner;
 use crate::plan::shared::{share, unshared};
@@ -220,7 +222,9 @@ pub(super) fn reverse(
         )
     };
     let transpose = Transpose::new(r, step, state, differentiable, Arc::clone(&found.rules))?;
-    let fwd = share(with_history(r, step, false)?);
+    // The loop's rows pass once where the loss reads them; the backward
+    // recursion reads each row before from their checkpoints.
+    let fwd = history(with_history(r, step, false)?);
     let mut carried = vec![ITERATION_COLUMN.to_string(), TRAJECTORY_COLUMN.to_string()];
     carried.extend((0..step.aggregate.aggr_expr.len()).map(aggregate_column));
     let input = carry(&input, found.cte, &fwd, carried)?.expect("the CTE is below the marker");
@@ -228,7 +232,9 @@ pub(super) fn reverse(
     // The rows the derivatives are taken for: the groups of an aggregate,
     // the numbered rows of a SELECT list (read twice: shared).
     let (input, keys): (LogicalPlan, Vec<Expr>) = match &node {
-        LogicalPlan::Aggregate(a) => (input, a.group_expr.clone()),
+        // read twice: by the backward recursion's first rows and by the
+        // aggregate without the derivatives
+        LogicalPlan::Aggregate(a) => (share(input), a.group_expr.clone()),
         LogicalPlan::Projection(_) => {
             let windowed = LogicalPlanBuilder::from(input)
                 .window(vec![row_number()])?
@@ -648,28 +654,8 @@ impl<'r> Transpose<'r> {
             .iter()
             .map(|f| f.name().clone())
             .collect();
-        let fwd =
-            LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(Arc::new(fwd.clone()), FORWARD)?);
         let col = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
-        let joined = LogicalPlan::Join(Join::try_new(
-            Arc::new(back),
-            Arc::new(fwd),
-            vec![
-                (
-                    col(&name, TRAJECTORY_COLUMN),
-                    col(FORWARD, TRAJECTORY_COLUMN),
-                ),
-                (
-                    col(&name, ITERATION_COLUMN) - lit(1i64),
-                    col(FORWARD, ITERATION_COLUMN),
-                ),
-            ],
-            None,
-            JoinType::Inner,
-            JoinConstraint::On,
-            NullEquality::NullEqualsNothing,
-            false,
-        )?);
+        let joined = previous_row(back, fwd)?;
         // The work table's rows in its place: the CTE's row of the
         // iteration before, with the backward row's columns after them.
         let mut exprs: Vec<Expr> = carried.iter().map(|n| col(&name, n).alias(n)).collect();
