@@ -159,8 +159,9 @@ impl ExtensionPlanner for Caches {
 
 /// Plans the [`History`] and [`PreviousRow`] nodes of each loop over one
 /// record of its [`Checkpoints`] (per physical plan, by the loop's logical
-/// plan); the loop is planned anew for each read and for the replays, so
-/// that no two of them iterate one plan at once.
+/// plan); the loop is planned anew for each read (as DataFusion runs it)
+/// and for the replays (run by our iteration), so that no two of them
+/// iterate one plan at once.
 #[derive(Debug, Default)]
 struct Histories(Mutex<HashMap<LogicalPlan, Arc<Checkpoints>>>);
 
@@ -178,7 +179,7 @@ impl Histories {
         let every = GradOptions::setting(session.config_options(), |o| o.checkpoint_every);
         let replay = match every {
             1 => None,
-            _ => Some(loop_plan(lp, planner, session).await?),
+            _ => Some(loop_plan(lp, true, planner, session).await?),
         };
         let schema = Arc::clone(lp.schema().inner());
         let iteration = schema.index_of(ITERATION_COLUMN)?;
@@ -188,14 +189,19 @@ impl Histories {
     }
 }
 
-/// The loop `lp` optimized and planned, run by our iteration (which
-/// replays an iteration from given rows).
+/// The loop `lp` optimized and planned; with `replays`, run by our
+/// iteration (which replays an iteration from given rows).
 async fn loop_plan(
     lp: &LogicalPlan,
+    replays: bool,
     planner: &dyn PhysicalPlanner,
     session: &dyn Session,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let optimized = iterated(iterate_loops(session.optimize(lp)?)?)?;
+    let optimized = iterate_loops(session.optimize(lp)?)?;
+    let optimized = match replays {
+        true => iterated(optimized)?,
+        false => optimized,
+    };
     planner.create_physical_plan(&optimized, session).await
 }
 
@@ -212,7 +218,7 @@ impl ExtensionPlanner for Histories {
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if let Some(history) = node.as_any().downcast_ref::<History>() {
             let checkpoints = self.of(&history.input, planner, session).await?;
-            let input = loop_plan(&history.input, planner, session).await?;
+            let input = loop_plan(&history.input, false, planner, session).await?;
             return Ok(Some(Arc::new(HistoryExec::new(input, checkpoints))));
         }
         let Some(previous) = node.as_any().downcast_ref::<PreviousRow>() else {

@@ -131,7 +131,7 @@ fn metric(shown: &str, operator: &str, name: &str) -> Option<usize> {
 async fn every_spacing_of_checkpoints_gives_the_same_derivative() -> Result<()> {
     for partitions in [1, 3] {
         let ctx = session(partitions).await?;
-        for (steps, also) in [(45, None), (31, Some(12)), (1, None)] {
+        for (steps, also) in [(150, None), (97, Some(40)), (1, None)] {
             let sql = gradients(steps, also);
             set(&ctx, "recursion_mode", "'forward'").await?;
             let forward = rows(&ctx, &sql).await?;
@@ -157,13 +157,14 @@ async fn every_spacing_of_checkpoints_gives_the_same_derivative() -> Result<()> 
 }
 
 /// What the plan shows: the loop's rows kept every k-th iteration and the
-/// backward steps' rows looked up; by default about √(2T) iterations kept
-/// and, for a derivative at one iteration, each replayed at most once.
+/// backward steps' rows looked up; by default about max(64, √(2T))
+/// iterations kept and, for a derivative at one iteration, each replayed at
+/// most once.
 #[tokio::test]
 async fn checkpoints_keep_about_the_square_root_of_the_iterations() -> Result<()> {
     let ctx = session(2).await?;
     set(&ctx, "recursion_mode", "'reverse'").await?;
-    let steps = 200;
+    let steps = 1000;
     let sql = gradients(steps, None);
     let shown = analyzed(&ctx, &sql).await?;
     // (the loop's rows are read inside the loss's shared rows, which the
@@ -176,10 +177,13 @@ async fn checkpoints_keep_about_the_square_root_of_the_iterations() -> Result<()
     let replayed = metric(&shown, "PreviousRowExec", "replayed_iterations").expect("replayed");
     let root = (2.0 * steps as f64).sqrt();
     assert!(
-        kept as f64 <= 2.0 * root && kept as f64 >= 0.5 * root,
+        kept as f64 <= (2.0 * root).max(64.0) && kept as f64 >= 0.5 * root,
         "{kept} of {steps} kept\n{shown}"
     );
     assert!(replayed < steps, "{replayed} replayed\n{shown}");
+    // (EXPLAIN shows 1,000 as "1.00 K": a shorter loop for exact counts)
+    let steps = 200;
+    let sql = gradients(steps, None);
     set(&ctx, "checkpoint_every", "1").await?;
     let shown = analyzed(&ctx, &sql).await?;
     assert!(shown.contains("PreviousRowExec: kept=every"), "{shown}");

@@ -5,10 +5,11 @@
 //! before, replaying the iterations after the nearest kept one where that
 //! row was not kept.
 //!
-//! With `datafusion_grad.checkpoint_every = 0` (the default) the spacing
-//! starts at 1 and doubles whenever more than twice as many iterations as
-//! the spacing are kept, the kept ones thinned to its multiples: after T
-//! iterations about √(2T) are kept, about √(2T) apart. The backward
+//! With `datafusion_grad.checkpoint_every = 0` (the default) every
+//! iteration is kept up to 64; beyond, the spacing doubles whenever more
+//! than twice as many iterations as the spacing (and more than 64) are
+//! kept, the kept ones thinned to its multiples: after T iterations about
+//! max(64, √(2T)) are kept, about √(2T) apart. The backward
 //! recursion asks for the iterations from the last down to 0, so each
 //! stretch between two kept iterations is replayed once, as a whole (held
 //! until the next is replayed): about 2√(2T) states in memory, and one more
@@ -26,7 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use datafusion::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{cast, concat_batches, take};
+use datafusion::arrow::compute::{cast, concat_batches, take, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use datafusion::common::{internal_datafusion_err, internal_err};
 use datafusion::error::Result;
@@ -81,9 +82,40 @@ struct Kept {
     spacing: u64,
     /// The kept iterations' rows, by iteration.
     rows: BTreeMap<u64, Vec<RecordBatch>>,
+    /// The kept iterations whose rows are batches of their own, not yet
+    /// slices of one batch of many iterations' (see [`Kept::coalesce`]).
+    loose: Vec<u64>,
     /// The last iteration passed on.
     last: Option<u64>,
     reservation: Option<MemoryReservation>,
+}
+
+/// By default, every iteration is kept until this many are: a short loop
+/// is not replayed (its states cost little), a long one keeps about √(2T).
+const KEPT_AT_LEAST: u64 = 64;
+
+/// How many kept iterations' rows are put in one batch: a loop keeping
+/// every iteration's few rows as batches of their own would hold many
+/// small allocations (and the allocator slows down with them).
+const COALESCED: usize = 512;
+
+impl Kept {
+    /// The loose iterations' rows as slices of one batch.
+    fn coalesce(&mut self) -> Result<()> {
+        let loose = std::mem::take(&mut self.loose);
+        let batches: Vec<&RecordBatch> = loose.iter().flat_map(|i| &self.rows[i]).collect();
+        let Some(first) = batches.first() else {
+            return Ok(());
+        };
+        let all = concat_batches(&first.schema(), batches.iter().copied())?;
+        let mut offset = 0;
+        for i in loose {
+            let n = self.rows[&i].iter().map(RecordBatch::num_rows).sum();
+            self.rows.insert(i, vec![all.slice(offset, n)]);
+            offset += n;
+        }
+        Ok(())
+    }
 }
 
 /// The iterations replayed last: the stretch after a kept iteration.
@@ -157,13 +189,21 @@ impl Checkpoints {
             };
             kept.last = Some(kept.last.map_or(i, |l| l.max(i)));
             if i % kept.spacing == 0 {
-                let rows = batch.slice(start, end - start);
+                let rows = compacted(batch, start, end)?;
                 let reservation = kept.reservation.get_or_insert_with(|| {
                     MemoryConsumer::new("HistoryExec").register(context.memory_pool())
                 });
                 reservation.try_grow(rows.get_array_memory_size())?;
+                let new = !kept.rows.contains_key(&i);
                 kept.rows.entry(i).or_default().push(rows);
-                if self.every == 0 && kept.rows.len() as u64 > 2 * kept.spacing {
+                if new && self.every != 0 {
+                    kept.loose.push(i);
+                    if kept.loose.len() >= COALESCED {
+                        kept.coalesce()?;
+                    }
+                }
+                if self.every == 0 && kept.rows.len() as u64 > (2 * kept.spacing).max(KEPT_AT_LEAST)
+                {
                     kept.spacing *= 2;
                     let spacing = kept.spacing;
                     kept.rows.retain(|i, _| i % spacing == 0);
@@ -217,7 +257,12 @@ impl Checkpoints {
         });
         reservation.free();
         for at in from + 1..=to {
-            rows = loop_.step(rows, context).await?;
+            rows = loop_
+                .step(rows, context)
+                .await?
+                .iter()
+                .map(|b| compacted(b, 0, b.num_rows()))
+                .collect::<Result<_>>()?;
             if rows.is_empty() {
                 break;
             }
@@ -236,6 +281,14 @@ impl Checkpoints {
             k => format!("every {k}th"),
         }
     }
+}
+
+/// Rows `start..end` of `batch` in arrays of their own: an iteration's
+/// rows are often a few rows of arrays made with room for many, which a
+/// slice would keep whole.
+fn compacted(batch: &RecordBatch, start: usize, end: usize) -> Result<RecordBatch> {
+    let rows = UInt32Array::from_iter_values(start as u32..end as u32);
+    Ok(take_record_batch(batch, &rows)?)
 }
 
 /// The memory of `rows`.
@@ -387,6 +440,11 @@ impl ExecutionPlan for PreviousRowExec {
     kit::own_properties!();
     kit::no_expressions!();
 
+    /// A backward step's rows are few: not dealt over the cores first.
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
     fn metrics(&self) -> Option<MetricsSet> {
         Some(self.checkpoints.metrics.clone_inner())
     }
@@ -441,7 +499,10 @@ impl Lookup {
         let mut out = Vec::with_capacity(asking.len());
         for (i, rows) in asking {
             let past = self.checkpoints.rows_at(i, &self.context).await?;
-            let past = concat_batches(&self.checkpoints.schema, &past)?;
+            let past = match &past[..] {
+                [] => RecordBatch::new_empty(Arc::clone(&self.checkpoints.schema)),
+                [one, ..] => concat_batches(&one.schema(), &past)?,
+            };
             let theirs = as_i64(past.column(self.trajectory))?;
             let theirs = theirs.as_primitive::<Int64Type>();
             let mut of: HashMap<i64, Vec<u32>> = HashMap::new();

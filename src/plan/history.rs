@@ -7,7 +7,8 @@
 //! row costs memory in proportion to the iteration count T. Here the loop
 //! is a [`History`] node where the loss reads it: its rows pass through
 //! once, and every `datafusion_grad.checkpoint_every`-th iteration's rows
-//! are kept (by default about every √T-th); the backward step reads the
+//! are kept (by default about every √(2T)-th, every one of a loop of up
+//! to 64 iterations); the backward step reads the
 //! row before through a [`PreviousRow`] node, which replays the iterations
 //! after the nearest checkpoint when they are not kept — each stretch once,
 //! as the backward recursion walks down the iterations. Memory: about 2√T
