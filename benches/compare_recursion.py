@@ -267,15 +267,9 @@ def memory(args):
                 if every is not None:
                     script += f"SET datafusion_grad.checkpoint_every = {every};\n"
                 script += RESIDUAL.format(n=10000, t=t, select=sel)
-                p = subprocess.run(
-                    ["python3", "-c", MEASURE, args.dfgrad],
-                    input=script, capture_output=True, text=True,
-                )
-                if p.returncode != 0:
-                    sys.exit(p.stderr)
-                rss_kib, elapsed = p.stdout.split()
-                print(f"{t:>6} {partitions:>10} {label:<14} {float(elapsed):8.3f} "
-                      f"{int(rss_kib) / 1024:13.1f}", flush=True)
+                elapsed, mib = measured(args.dfgrad, script)
+                print(f"{t:>6} {partitions:>10} {label:<14} {elapsed:8.3f} {mib:13.1f}",
+                      flush=True)
     # Case 1 (a loop whose steps aggregate over data): the backward
     # recursion reads the loop's rows from checkpoints.
     n = args.rows[0]
@@ -295,15 +289,20 @@ def memory(args):
                 script += f"SET datafusion_grad.checkpoint_every = {every};\n"
             # the query's time: the statement before the trailing SET
             script += sql.replace("\nSET datafusion_grad.recursion_mode = 'auto';", "")
-            p = subprocess.run(
-                ["python3", "-c", MEASURE, args.dfgrad],
-                input=script, capture_output=True, text=True,
-            )
-            if p.returncode != 0:
-                sys.exit(p.stderr)
-            rss_kib, elapsed = p.stdout.split()
-            print(f"{t:>6} {label:<14} {float(elapsed):8.3f} {int(rss_kib) / 1024:13.1f}",
-                  flush=True)
+            elapsed, mib = measured(args.dfgrad, script)
+            print(f"{t:>6} {label:<14} {elapsed:8.3f} {mib:13.1f}", flush=True)
+
+
+def measured(dfgrad, script):
+    """The last statement's time (s) and the peak resident memory (MiB) of
+    a dfgrad process of its own running `script`."""
+    p = subprocess.run(
+        ["python3", "-c", MEASURE, dfgrad], input=script, capture_output=True, text=True
+    )
+    if p.returncode != 0:
+        sys.exit(p.stderr)
+    rss_kib, elapsed = p.stdout.split()
+    return float(elapsed), int(rss_kib) / 1024
 
 
 # Runs dfgrad on stdin's script and prints its peak RSS (KiB) and the
