@@ -45,7 +45,7 @@ use datafusion::physical_plan::{
 };
 use futures::StreamExt;
 
-use super::iterate::IterateExec;
+use super::iterate::{single_partition, IterateExec};
 use super::kit;
 
 /// The kept rows of one loop, shared by the [`HistoryExec`]s that read the
@@ -207,7 +207,12 @@ impl Checkpoints {
                     kept.spacing *= 2;
                     let spacing = kept.spacing;
                     kept.rows.retain(|i, _| i % spacing == 0);
-                    let size = kept.rows.values().flatten().map(size_of_rows).sum();
+                    let size = kept
+                        .rows
+                        .values()
+                        .flatten()
+                        .map(RecordBatch::get_array_memory_size)
+                        .sum();
                     if let Some(r) = kept.reservation.as_mut() {
                         r.resize(size)
                     }
@@ -267,7 +272,7 @@ impl Checkpoints {
                 break;
             }
             self.replayed_iterations.add(1);
-            reservation.try_grow(rows.iter().map(size_of_rows).sum())?;
+            reservation.try_grow(rows.iter().map(RecordBatch::get_array_memory_size).sum())?;
             stretch.rows.insert(at, rows.clone());
         }
         Ok(stretch.rows.get(&i).cloned().unwrap_or_default())
@@ -291,11 +296,6 @@ fn compacted(batch: &RecordBatch, start: usize, end: usize) -> Result<RecordBatc
     Ok(take_record_batch(batch, &rows)?)
 }
 
-/// The memory of `rows`.
-fn size_of_rows(rows: &RecordBatch) -> usize {
-    rows.get_array_memory_size()
-}
-
 /// A loop's rows passed on, the kept iterations recorded in its
 /// [`Checkpoints`] (see the [module docs](self)). One partition.
 #[derive(Debug)]
@@ -308,12 +308,7 @@ pub struct HistoryExec {
 impl HistoryExec {
     /// The rows of `input` (the loop), recorded in `checkpoints`.
     pub fn new(input: Arc<dyn ExecutionPlan>, checkpoints: Arc<Checkpoints>) -> Self {
-        let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(input.schema()),
-            Partitioning::UnknownPartitioning(1),
-            EmissionType::Incremental,
-            Boundedness::Bounded,
-        ));
+        let properties = Arc::new(single_partition(input.schema()));
         Self {
             input,
             checkpoints,

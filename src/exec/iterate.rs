@@ -180,7 +180,7 @@ impl Scans<'_> {
 }
 
 /// The properties of an unordered plan of one partition.
-fn single_partition(schema: SchemaRef) -> PlanProperties {
+pub(crate) fn single_partition(schema: SchemaRef) -> PlanProperties {
     PlanProperties::new(
         EquivalenceProperties::new(schema),
         Partitioning::UnknownPartitioning(1),
