@@ -170,6 +170,26 @@ pub(crate) fn tangent_column(j: usize, c: usize) -> String {
     format!("__dfgrad_tangent{j}_{c}")
 }
 
+/// The tangent of column `i` of a node's output in the `j`-th direction,
+/// where forward mode rewrites every node of a recursive term that reads
+/// its work table more than once (`__dfgrad_dot{j}_{i}`).
+pub(crate) fn node_tangent(j: usize, i: usize) -> String {
+    format!("__dfgrad_dot{j}_{i}")
+}
+
+/// The `k`-th value (a subquery over the work table, a relational
+/// gradient) computed below a projection of such a term
+/// (`__dfgrad_lifted{k}`).
+pub(crate) fn lifted_value(k: usize) -> String {
+    format!("__dfgrad_lifted{k}")
+}
+
+/// The tangent of the [`lifted_value`] `k` in the `j`-th direction
+/// (`__dfgrad_lifted_dot{j}_{k}`).
+pub(crate) fn lifted_tangent(j: usize, k: usize) -> String {
+    format!("__dfgrad_lifted_dot{j}_{k}")
+}
+
 /// Column `c` of the recursive CTE `cte` passed on to a derivative through
 /// its iterations (`__dfgrad_value{c}_{cte}`: chained recursive CTEs pass
 /// theirs on through the same projections).

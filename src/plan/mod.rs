@@ -58,9 +58,12 @@ pub mod shared;
 
 use std::sync::Arc;
 
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{NullEquality, TableReference};
 use datafusion::error::Result;
-use datafusion::logical_expr::{Expr, Join, JoinConstraint, JoinType, LogicalPlan};
+use datafusion::logical_expr::{Expr, Join, JoinConstraint, JoinType, LogicalPlan, Volatility};
+
+use crate::error::GradError;
 
 /// Every column of `plan`'s output, as column expressions (a projection
 /// passing its input on).
@@ -97,6 +100,53 @@ pub(crate) fn left_join_by_identity(
 /// schema: a re-read is refused rather than missed).
 pub(crate) fn same_table(t: &TableReference, u: &TableReference) -> bool {
     t.resolved_eq(u) || u.resolved_eq(t)
+}
+
+/// `plan` refused, typed (`non_differentiable`), where one of its
+/// expressions (in its subqueries and shared subplans too) calls a volatile
+/// function (`random()`, `uuid()`): a derivative that evaluates `plan`
+/// again — the backward pass of relational reverse mode over the loss's
+/// rows, a loop's steps replayed in reverse mode — would pair the values
+/// of one draw with the derivatives of another. `why` says which
+/// evaluations there are.
+pub(crate) fn refuse_volatile(plan: &LogicalPlan, why: &str) -> Result<()> {
+    match volatile_function(plan)? {
+        Some(name) => Err(GradError::non_differentiable(
+            &name,
+            &format!("it is volatile, and {why}: each evaluation would draw anew"),
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
+/// The name of the first volatile function `plan` calls (in its subqueries
+/// and shared subplans too), if any.
+pub(crate) fn volatile_function(plan: &LogicalPlan) -> Result<Option<String>> {
+    let mut volatile = None;
+    plan.apply_with_subqueries(|node| {
+        if let Some(input) = shared::shared_input(node) {
+            volatile = volatile_function(input)?;
+        }
+        for e in node.expressions() {
+            e.apply(|e| {
+                if let Expr::ScalarFunction(f) = e {
+                    if f.func.signature().volatility == Volatility::Volatile {
+                        volatile = Some(f.func.name().to_string());
+                    }
+                }
+                Ok(match volatile {
+                    Some(_) => TreeNodeRecursion::Stop,
+                    None => TreeNodeRecursion::Continue,
+                })
+            })?;
+        }
+        Ok(match volatile {
+            Some(_) => TreeNodeRecursion::Stop,
+            None => TreeNodeRecursion::Continue,
+        })
+    })?;
+    Ok(volatile)
 }
 
 /// `e` without its top-level aliases.

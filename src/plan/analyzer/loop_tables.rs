@@ -58,6 +58,7 @@ use super::backward_recursion::{total_of, with_history, zero, AggregatingStep, T
 use super::reverse_recursion::differentiable_columns;
 use crate::engine::call::SharedRules;
 use crate::error::{fail, ErrorKind};
+use crate::plan::refuse_volatile;
 use crate::plan::reverse::{
     self, loss_contributions, reads, share_aggregates, weighted_contributions, GroupJoin, Parameter,
 };
@@ -76,6 +77,11 @@ pub(super) fn gradient_table(
     parameter: Parameter,
     rules: &SharedRules,
 ) -> Result<LogicalPlan> {
+    refuse_volatile(
+        loss,
+        "relational reverse mode evaluates the loss's plan again (its values, then the \
+         backward pass over its rows)",
+    )?;
     let mut loops = Vec::new();
     loops_reading(loss, parameter.relation, &mut loops)?;
     let cte = match loops.as_slice() {

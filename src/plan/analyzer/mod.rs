@@ -55,10 +55,11 @@ mod recursion;
 mod reverse_recursion;
 mod subqueries;
 mod tables;
+mod tangent_plan;
 mod visible;
 
 use aggregates::through_aggregates;
-use recursion::through_recursion;
+use recursion::{rereads_below, through_recursion, through_rereading_recursion};
 use subqueries::through_subqueries;
 use tables::{hoist_markers, through_tables};
 use visible::widen_aggregate_inputs;
@@ -167,7 +168,10 @@ fn differentiate(plan: LogicalPlan, config: &ConfigOptions) -> Result<LogicalPla
     }
     let plan = widen_aggregate_inputs(plan)?;
     let plan = reverse_recursion::with_mode(RecursionMode::of(config), || {
-        plan.transform_up_with_subqueries(rewrite_node)
+        // Markers through a loop whose step reads its work table again
+        // first, while that step's own markers are as written.
+        plan.transform_up_with_subqueries(rewrite_rereading_loops)?
+            .transform_parent(|plan| plan.transform_up_with_subqueries(rewrite_node))
     })?;
     match plan.transformed {
         true => refresh_outer_references(plan.data),
@@ -258,7 +262,25 @@ fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
         let below = rewrite_node(hoisted.below.clone())?.data;
         return Ok(Transformed::yes(hoisted.over(below)?));
     }
-    let node = through_recursion(node)?;
+    rewrite_markers(through_recursion(node)?)
+}
+
+/// Rewrites the markers of a node above a recursive CTE whose recursive
+/// term reads its work table more than once, in forward mode through it
+/// (see `recursion::through_rereading_recursion`); other nodes unchanged.
+fn rewrite_rereading_loops(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+    if !node.expressions().iter().any(has_marker)
+        || hoist_markers(&node)?.is_some()
+        || !rereads_below(&node)?
+    {
+        return Ok(Transformed::no(node));
+    }
+    rewrite_markers(through_rereading_recursion(node)?)
+}
+
+/// Rewrites the markers of one plan node, those through a recursive CTE
+/// done.
+fn rewrite_markers(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     let node = through_tables(node)?;
     refuse_rereads(&node)?;
     let (node, subqueries) = through_subqueries(node)?;

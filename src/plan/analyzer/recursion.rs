@@ -26,8 +26,11 @@
 //!   `jvp` per element, and `jvp`'s tangent `t` weighs direction `k` by `tₖ`.
 //!
 //! Conditions (the `WHERE step < n` stop, `CASE`) are piecewise constant,
-//! as JAX treats a `while_loop`'s trip count under `jvp`. Refused, typed:
-//! several work-table scans in the recursive term, `UNION` (distinct: the
+//! as JAX treats a `while_loop`'s trip count under `jvp`. A recursive term
+//! that reads the work table more than once (its subqueries too) is
+//! rewritten before its own markers, every node with tangents
+//! ([`super::tangent_plan`]); once analyzed, such a term is refused.
+//! Refused, typed: `UNION` (distinct: the
 //! tangents would change which rows are duplicates), a marker mixing such
 //! variables with others, tensor variables of more than [`MAX_DIRECTIONS`]
 //! elements, a column of another compound type the variable flows into, and
@@ -59,8 +62,9 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::AnalyzerRule;
 
+use super::tangent_plan::Rewriter;
 use super::{reverse_recursion, GradAnalyzer};
-use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
+use crate::engine::call::{as_marker, has_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
 use crate::plan::lineage::{copy_of, origin_of, parts, through_iterations, Part};
 use crate::plan::unalias;
@@ -71,6 +75,64 @@ use crate::tensor::{self, Shape};
 /// recursive CTE that `f` reads through the iterations rewritten in
 /// forward mode (see the [module docs](self)); unchanged otherwise.
 pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
+    forward(node, false)
+}
+
+/// [`through_recursion`] for a node above a recursive CTE whose recursive
+/// term reads its work table more than once (its subqueries too), before
+/// the markers of that term are rewritten: every node of the term carries
+/// tangents ([`super::tangent_plan`]). Where [`rereads_below`] holds.
+pub(super) fn through_rereading_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
+    forward(node, true)
+}
+
+/// Whether `node`'s markers differentiate in forward mode through a
+/// recursive CTE whose recursive term reads its work table more than once
+/// (its subqueries too), with no other marker below `node`.
+pub(super) fn rereads_below(node: &LogicalPlan) -> Result<bool> {
+    let [input] = node.inputs()[..] else {
+        return Ok(false);
+    };
+    let Some(found) = find(node, input)? else {
+        return Ok(false);
+    };
+    let LogicalPlan::RecursiveQuery(r) = found.cte else {
+        unreachable!("found a recursive CTE")
+    };
+    if work_table_reads(r)? < 2
+        || reverse_recursion::chosen(r, &found.variables, every_row(input, found.cte)?)?
+    {
+        return Ok(false);
+    }
+    // The CTE's own markers are rewritten with its tangents; another
+    // marker below would be rewritten after the node it is below.
+    let mut marked_outside = false;
+    input.apply_with_subqueries(|n| {
+        if std::ptr::eq(n, found.cte) {
+            return Ok(TreeNodeRecursion::Jump);
+        }
+        marked_outside |= n.expressions().iter().any(has_marker);
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(!marked_outside)
+}
+
+/// How many times the recursive term of `r` (its subqueries too) reads the
+/// work table.
+fn work_table_reads(r: &RecursiveQuery) -> Result<usize> {
+    let mut reads = 0;
+    r.recursive_term.apply_with_subqueries(|node| {
+        if let LogicalPlan::TableScan(s) = node {
+            reads += usize::from(s.table_name.table() == r.name);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(reads)
+}
+
+/// [`through_recursion`]; `rereading`: the CTE's recursive term reads the
+/// work table more than once and is not analyzed yet.
+fn forward(node: LogicalPlan, rereading: bool) -> Result<LogicalPlan> {
     let [input] = node.inputs()[..] else {
         return Ok(node);
     };
@@ -81,10 +143,11 @@ pub(super) fn through_recursion(node: LogicalPlan) -> Result<LogicalPlan> {
     let LogicalPlan::RecursiveQuery(r) = found.cte else {
         unreachable!("found a recursive CTE")
     };
-    if reverse_recursion::chosen(r, &found.variables, every_row(&input, found.cte)?)? {
+    if !rereading && reverse_recursion::chosen(r, &found.variables, every_row(&input, found.cte)?)?
+    {
         return reverse_recursion::reverse(node.clone(), input.clone(), &found);
     }
-    let tangents = Tangents::new(r, &found.variables, &found.rules)?;
+    let tangents = Tangents::new(r, &found.variables, &found.rules, rereading)?;
     let cte = tangents.cte()?;
     let input =
         carry(&input, found.cte, &cte, tangents.names())?.expect("the CTE is below the marker");
@@ -396,10 +459,18 @@ struct Tangents<'r> {
     /// direction for the variable, 0 otherwise).
     moving: Vec<Vec<usize>>,
     rules: SharedRules,
+    /// The recursive term reads the work table more than once: each of
+    /// its nodes carries tangents ([`super::tangent_plan`]).
+    rereading: bool,
 }
 
 impl<'r> Tangents<'r> {
-    fn new(r: &'r RecursiveQuery, variables: &[usize], rules: &SharedRules) -> Result<Self> {
+    fn new(
+        r: &'r RecursiveQuery,
+        variables: &[usize],
+        rules: &SharedRules,
+        rereading: bool,
+    ) -> Result<Self> {
         if r.is_distinct {
             return fail(
                 ErrorKind::NeedsPlanContext,
@@ -480,7 +551,9 @@ impl<'r> Tangents<'r> {
         for (i, &v) in variables.iter().enumerate() {
             let mut columns = Vec::new();
             for &c in &floats {
-                if c != v && through_iterations(r, c, v)? {
+                // A term that reads the work table again carries every
+                // float column's tangent (0 where `v` does not flow in).
+                if c != v && (rereading || through_iterations(r, c, v)?) {
                     columns.push(c);
                 }
             }
@@ -494,6 +567,7 @@ impl<'r> Tangents<'r> {
             floats,
             moving,
             rules: Arc::clone(rules),
+            rereading,
         })
     }
 
@@ -623,6 +697,9 @@ impl<'r> Tangents<'r> {
     /// The recursive term with each tangent's update, reading the work
     /// table of `static_term`'s schema.
     fn recursive_term(&self, static_term: &LogicalPlan) -> Result<LogicalPlan> {
+        if self.rereading {
+            return self.rereading_term(static_term);
+        }
         let names = self.names();
         let (p, input) = term_with_columns(self.r, static_term, &names)?;
         // The previous row's float columns visible at the update, by index.
@@ -657,6 +734,43 @@ impl<'r> Tangents<'r> {
         Ok(LogicalPlan::Projection(Projection::try_new(
             exprs,
             Arc::new(input),
+        )?))
+    }
+
+    /// The recursive term with every node's tangents (see
+    /// [`super::tangent_plan`]), reading the work table of `static_term`'s
+    /// schema: its columns, then each tangent column.
+    fn rereading_term(&self, static_term: &LogicalPlan) -> Result<LogicalPlan> {
+        let schema = Arc::new(static_term.schema().as_arrow().clone());
+        let source = provider_as_source(Arc::new(CteWorkTable::new(&self.r.name, schema)));
+        let columns = self.r.static_term.schema().fields().len();
+        let tangent = |j: usize, c: usize, scan: &LogicalPlan| self.tangent(j, c, scan);
+        let rewriter = Rewriter::new(
+            &self.r.name,
+            source,
+            columns,
+            self.sets.len(),
+            &tangent,
+            Arc::clone(&self.rules),
+        );
+        let dual = rewriter.dual(&self.r.recursive_term)?;
+        let out = Arc::clone(dual.plan.schema());
+        let mut exprs: Vec<Expr> = (0..columns)
+            .map(|i| Expr::Column(Column::from(out.qualified_field(i))))
+            .collect();
+        for (j, moving) in self.moving.iter().enumerate() {
+            for &c in moving {
+                let tangent = match (&dual.tangents[c][j], self.is_tensor(c)) {
+                    (Some(t), _) => t.clone(),
+                    (None, false) => lit(0.0),
+                    (None, true) => tensor::call("zeros_like", vec![exprs[c].clone()]),
+                };
+                exprs.push(tangent.alias(tangent_column(j, c)));
+            }
+        }
+        Ok(LogicalPlan::Projection(Projection::try_new(
+            exprs,
+            Arc::new(dual.plan),
         )?))
     }
 }

@@ -53,7 +53,7 @@ use crate::options::RecursionMode;
 use crate::plan::adjoint_loop::{AdjointLoop, LoopStep, Wanted};
 use crate::plan::columns;
 use crate::plan::lineage::{origin_of, overlaps, parts, through_iterations, Part, Scope};
-use crate::plan::unalias;
+use crate::plan::{refuse_volatile, unalias, volatile_function};
 use crate::reserved::{
     adjoint_column, initial_column, reverse_column, seed_column, ITERATION_COLUMN,
 };
@@ -83,8 +83,10 @@ pub(super) fn with_mode<T>(mode: RecursionMode, analysis: impl FnOnce() -> T) ->
 /// where the derivative is asked for at every row (`every_row`: no filter
 /// or limit between the CTE and the marker) or where reverse mode does not
 /// follow the loop (a step that joins or aggregates, a first row computed
-/// from the variable: [`follows`]); reverse mode otherwise. Both modes give
-/// the same derivative; the choice is one of cost.
+/// from the variable: [`follows`]) or calls a volatile function in its step
+/// (`random()`: reverse mode evaluates the steps again, and refuses it);
+/// reverse mode otherwise. Both modes give the same derivative; the choice
+/// is one of cost.
 pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize], every_row: bool) -> Result<bool> {
     Ok(match MODE.with(Cell::get) {
         RecursionMode::Forward => false,
@@ -95,7 +97,10 @@ pub(super) fn chosen(r: &RecursiveQuery, variables: &[usize], every_row: bool) -
             let directions: Option<usize> = types().map(|t| Shape::of(t).map(Shape::size)).sum();
             let forward_fits = directions.is_some_and(|d| d <= MAX_DIRECTIONS);
             types().any(|t| t.is_nested())
-                && !(forward_fits && (every_row || !follows(r, variables)?))
+                && !(forward_fits
+                    && (every_row
+                        || volatile_function(&r.recursive_term)?.is_some()
+                        || !follows(r, variables)?))
         }
     })
 }
@@ -171,6 +176,15 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
             "it is a UNION (distinct), which drops rows by their values; write UNION ALL".into(),
         )?;
     }
+    refuse_volatile(
+        &r.recursive_term,
+        &format!(
+            "reverse mode through the recursive CTE `{}` evaluates its steps again (replayed \
+             from checkpoints, and over the data for the steps' derivatives); forward mode \
+             (SET datafusion_grad.recursion_mode = 'forward') follows the draws the loop made",
+            r.name
+        ),
+    )?;
     let state = Arc::new(DFSchema::try_from(
         r.static_term.schema().as_arrow().clone(),
     )?);
