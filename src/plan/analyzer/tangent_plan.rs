@@ -384,6 +384,53 @@ impl<'a> Rewriter<'a> {
         Ok(input.tangents[i].iter().any(Option::is_some))
     }
 
+    /// Refuses a derivative (the marker `e` of `f`, over `input`) that the
+    /// analyzer would take with more plan context than the written-out
+    /// tangent sees: of a subquery over the work table, or reading a column
+    /// with a tangent computed below (the analyzer differentiates through
+    /// its definition; the tangent would take it as independent).
+    fn check_derivative(&self, e: &Expr, f: &Expr, input: &Dual) -> Result<()> {
+        let mut subquery = false;
+        f.apply(|x| {
+            if let Some(s) = subquery_of(x) {
+                subquery |= self.reads_work_table(&s.subquery)?;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        if subquery {
+            return self.refuse(format!(
+                "`{e}` differentiates an expression over a subquery that reads the work \
+                 table; forward mode follows `grad((SELECT loss …), column)` there"
+            ));
+        }
+        for c in f.column_refs() {
+            let i = input.plan.schema().index_of_column(c)?;
+            let base = matches!(
+                origin_of(&input.plan, i)?.0,
+                LogicalPlan::TableScan(_) | LogicalPlan::Values(_)
+            );
+            if !base && self.moves(c, input)? {
+                return self.refuse(format!(
+                    "`{e}` reads `{c}`, computed from the work table below it; write the \
+                     derivative over the work table's columns"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::check_derivative`] for every derivative in `e` (an
+    /// aggregate's argument).
+    fn check_derivatives(&self, e: &Expr, input: &Dual) -> Result<()> {
+        e.apply(|x| {
+            if let Some(call) = as_marker(x) {
+                self.check_derivative(x, &call.args[0], input)?;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(())
+    }
+
     /// `e` (over `input`) with the subqueries that read the work table, and
     /// the relational gradients of such subqueries, replaced by columns of
     /// a projection below (`lifted`: each value, and its tangents); its other
@@ -403,32 +450,7 @@ impl<'a> Rewriter<'a> {
                         ));
                     }
                 }
-                let mut subquery = false;
-                call.args[0].apply(|x| {
-                    if let Some(s) = subquery_of(x) {
-                        subquery |= self.reads_work_table(&s.subquery)?;
-                    }
-                    Ok(TreeNodeRecursion::Continue)
-                })?;
-                if subquery {
-                    return self.refuse(format!(
-                        "`{e}` differentiates an expression over a subquery that reads the work \
-                         table; forward mode follows `grad((SELECT loss …), column)` there"
-                    ));
-                }
-                for c in call.args[0].column_refs() {
-                    let i = input.plan.schema().index_of_column(c)?;
-                    let base = matches!(
-                        origin_of(&input.plan, i)?.0,
-                        LogicalPlan::TableScan(_) | LogicalPlan::Values(_)
-                    );
-                    if !base && self.moves(c, input)? {
-                        return self.refuse(format!(
-                            "`{e}` reads `{c}`, computed from the work table below it; write \
-                             the derivative over the work table's columns"
-                        ));
-                    }
-                }
+                self.check_derivative(&e, &call.args[0], input)?;
                 return Ok(Transformed::new(e, false, TreeNodeRecursion::Jump));
             }
             match e {
@@ -646,6 +668,9 @@ impl<'a> Rewriter<'a> {
             let Expr::AggregateFunction(f) = unalias(e) else {
                 return self.refuse(format!("it aggregates with `{e}`"));
             };
+            for arg in &f.params.args {
+                self.check_derivatives(arg, &input)?;
+            }
             let output = a.schema.field(n + i).data_type();
             let mut row = vec![None; self.directions];
             if output.is_floating() || Shape::is_tensor_type(output) {
@@ -664,18 +689,12 @@ impl<'a> Rewriter<'a> {
                         f.func.name(),
                         "sum" | "avg" | "mean" | "tensor_sum" | "tensor_avg"
                     );
-                    let [Some(t)] = &args[..] else {
+                    let (true, [Some(t)]) = (linear && !f.params.distinct, &args[..]) else {
                         return self.refuse(format!(
                             "it aggregates with `{e}`, whose derivative forward mode does not \
                              carry here (sum, avg, tensor_sum, tensor_avg)"
                         ));
                     };
-                    if !linear || f.params.distinct {
-                        return self.refuse(format!(
-                            "it aggregates with `{e}`, whose derivative forward mode does not \
-                             carry here (sum, avg, tensor_sum, tensor_avg)"
-                        ));
-                    }
                     let name = node_tangent(j, n + i);
                     added.push(
                         Expr::AggregateFunction(AggregateFunction::new_udf(
