@@ -121,7 +121,8 @@ pub(crate) fn refuse_volatile(plan: &LogicalPlan, why: &str) -> Result<()> {
 }
 
 /// The name of the first volatile function `plan` calls (in its subqueries
-/// and shared subplans too), if any.
+/// and shared subplans too), if any; relational reverse mode's row checks
+/// are not counted.
 pub(crate) fn volatile_function(plan: &LogicalPlan) -> Result<Option<String>> {
     let mut volatile = None;
     plan.apply_with_subqueries(|node| {
@@ -131,7 +132,11 @@ pub(crate) fn volatile_function(plan: &LogicalPlan) -> Result<Option<String>> {
         for e in node.expressions() {
             e.apply(|e| {
                 if let Expr::ScalarFunction(f) = e {
-                    if f.func.signature().volatility == Volatility::Volatile {
+                    // Our row checks are volatile so that DataFusion never
+                    // evaluates them ahead of the CASE that guards them;
+                    // they draw nothing.
+                    let check = f.func.inner().downcast_ref::<reverse::RowCheck>().is_some();
+                    if f.func.signature().volatility == Volatility::Volatile && !check {
                         volatile = Some(f.func.name().to_string());
                     }
                 }

@@ -44,7 +44,7 @@ use datafusion::logical_expr::{
     WindowFunctionDefinition,
 };
 
-use super::rewrite_node;
+use super::RewriteNode;
 use crate::engine::call::{as_marker, has_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind, GradError};
 use crate::plan::free_variables::{
@@ -60,8 +60,9 @@ use crate::rules::aggregate::{aggregate_rule, tensor_key_rule, AggregateCall, SA
 use crate::tensor::{self, Shape};
 
 /// Rewrites the markers of `node` that read aggregate outputs, adding their
-/// derivative aggregates below; `node` unchanged when none does.
-pub fn through_aggregates(node: LogicalPlan) -> Result<LogicalPlan> {
+/// derivative aggregates below, where `rewrite` differentiates them; `node`
+/// unchanged when none does.
+pub(super) fn through_aggregates(node: LogicalPlan, rewrite: &RewriteNode) -> Result<LogicalPlan> {
     let inputs: Vec<LogicalPlan> = node.inputs().into_iter().cloned().collect();
     let scope = Scope::new(inputs.iter().collect())?;
     // Numbered past the columns an earlier rewrite added below (a derivative
@@ -84,7 +85,7 @@ pub fn through_aggregates(node: LogicalPlan) -> Result<LogicalPlan> {
     }
     let mut new_inputs = Vec::with_capacity(inputs.len());
     for input in &inputs {
-        new_inputs.push(match carry(input, &added)? {
+        new_inputs.push(match carry(input, &added, rewrite)? {
             Some((plan, _)) => plan,
             None => input.clone(),
         });
@@ -704,10 +705,14 @@ fn reads_variable(args: &[Expr], input: &LogicalPlan, w: &Expr, scope: &Scope) -
 /// `plan` with the added aggregate columns computed in their Aggregate nodes
 /// and passed up to `plan`'s output, and their names; `None` when no added
 /// column is below `plan`.
-fn carry(plan: &LogicalPlan, added: &Added) -> Result<Option<(LogicalPlan, Vec<String>)>> {
+fn carry(
+    plan: &LogicalPlan,
+    added: &Added,
+    rewrite: &RewriteNode,
+) -> Result<Option<(LogicalPlan, Vec<String>)>> {
     if let (Some(columns), LogicalPlan::Window(w)) = (added.by_node.get(&address(plan)), plan) {
         // Window nodes stack (one per distinct window): carry from below first.
-        let (input, mut names) = match carry(&w.input, added)? {
+        let (input, mut names) = match carry(&w.input, added, rewrite)? {
             Some((input, names)) => (Arc::new(input), names),
             None => (Arc::clone(&w.input), vec![]),
         };
@@ -715,7 +720,7 @@ fn carry(plan: &LogicalPlan, added: &Added) -> Result<Option<(LogicalPlan, Vec<S
         exprs.extend(columns.iter().map(|(n, e)| e.clone().alias(n)));
         let node = LogicalPlan::Window(Window::try_new(exprs, input)?);
         // The new window functions hold markers: differentiate them now.
-        let node = rewrite_node(node)?.data;
+        let node = rewrite(node)?.data;
         names.extend(columns.iter().map(|(n, _)| n.clone()));
         return Ok(Some((node, names)));
     }
@@ -734,7 +739,7 @@ fn carry(plan: &LogicalPlan, added: &Added) -> Result<Option<(LogicalPlan, Vec<S
         };
         let node = LogicalPlan::Aggregate(Aggregate::try_new(input, a.group_expr.clone(), aggr)?);
         // The new aggregates hold markers: differentiate them now.
-        let node = rewrite_node(node)?.data;
+        let node = rewrite(node)?.data;
         return Ok(Some((
             node,
             columns.iter().map(|(n, _)| n.clone()).collect(),
@@ -744,7 +749,7 @@ fn carry(plan: &LogicalPlan, added: &Added) -> Result<Option<(LogicalPlan, Vec<S
     let mut names = Vec::new();
     let mut changed = false;
     for input in plan.inputs() {
-        match carry(input, added)? {
+        match carry(input, added, rewrite)? {
             Some((p, n)) => {
                 changed = true;
                 inputs.push(p);

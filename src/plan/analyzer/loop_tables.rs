@@ -55,6 +55,7 @@ use datafusion::logical_expr::{
 };
 
 use super::backward_recursion::{total_of, with_history, zero, AggregatingStep, Transpose};
+use super::recursion::work_table_reads;
 use super::reverse_recursion::differentiable_columns;
 use crate::engine::call::SharedRules;
 use crate::error::{fail, ErrorKind};
@@ -119,11 +120,18 @@ pub(super) fn gradient_table(
         );
     }
     let Some(step) = AggregatingStep::of(r)? else {
-        return refuse(
+        let rereads = match work_table_reads(r)? {
+            1 => "",
+            _ => {
+                "; this step reads its work table more than once (a loss subquery over the rows \
+                 it updates, a self-join), which it does not follow yet"
+            }
+        };
+        return refuse(&format!(
             "relational reverse mode follows a loop whose step aggregates over the table grouped \
              by every column of the previous row (SELECT … FROM cte CROSS JOIN data GROUP BY \
-             every column of cte)",
-        );
+             every column of cte){rereads}"
+        ));
     };
     if reads(&r.static_term, parameter.relation)? {
         return refuse(

@@ -33,6 +33,7 @@
 //!   markers elsewhere (e.g. a join condition) become self-contained
 //!   expressions, like the markers' own `simplify` produces.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
@@ -59,7 +60,9 @@ mod tangent_plan;
 mod visible;
 
 use aggregates::through_aggregates;
-use recursion::{rereads_below, through_recursion, through_rereading_recursion};
+use recursion::{
+    rereading_loop_below, rereads_below, through_recursion, through_rereading_recursion,
+};
 use subqueries::through_subqueries;
 use tables::{hoist_markers, through_tables};
 use visible::widen_aggregate_inputs;
@@ -253,6 +256,11 @@ fn chain_total(
     }
 }
 
+/// How the markers of one plan node are rewritten: [`rewrite_node`], or
+/// the pre-pass's rewrite of a node whose markers go through a loop that
+/// reads its work table again.
+type RewriteNode<'a> = dyn Fn(LogicalPlan) -> Result<Transformed<LogicalPlan>> + 'a;
+
 /// Rewrites the markers of one plan node.
 fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if !node.expressions().iter().any(has_marker) {
@@ -262,29 +270,54 @@ fn rewrite_node(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
         let below = rewrite_node(hoisted.below.clone())?.data;
         return Ok(Transformed::yes(hoisted.over(below)?));
     }
-    rewrite_markers(through_recursion(node)?)
+    rewrite_markers(through_recursion(node)?, &rewrite_node)
 }
 
 /// Rewrites the markers of a node above a recursive CTE whose recursive
 /// term reads its work table more than once, in forward mode through it
-/// (see `recursion::through_rereading_recursion`); other nodes unchanged.
+/// (see `recursion::through_rereading_recursion`), and of a node whose
+/// markers go through such a loop inside an aggregate they read
+/// (`grad(avg(loss), lr) … GROUP BY lr` moves into the aggregate, which is
+/// rewritten so); other nodes unchanged.
 fn rewrite_rereading_loops(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
-    if !node.expressions().iter().any(has_marker)
-        || hoist_markers(&node)?.is_some()
-        || !rereads_below(&node)?
-    {
+    if !node.expressions().iter().any(has_marker) || hoist_markers(&node)?.is_some() {
         return Ok(Transformed::no(node));
     }
-    rewrite_markers(through_rereading_recursion(node)?)
+    if rereads_below(&node)? {
+        return rewrite_markers(through_rereading_recursion(node)?, &rewrite_node);
+    }
+    if !rereading_loop_below(&node)? {
+        return Ok(Transformed::no(node));
+    }
+    // Taken only if every aggregate a marker moves into goes through such
+    // a loop: the main pass rewrites the rest, the nodes below first.
+    let (through, other) = (Cell::new(false), Cell::new(false));
+    let into_aggregate = |below: LogicalPlan| {
+        if rereads_below(&below)? {
+            through.set(true);
+            return rewrite_markers(through_rereading_recursion(below)?, &rewrite_node);
+        }
+        other.set(true);
+        Ok(Transformed::no(below))
+    };
+    let moved = rewrite_markers(node.clone(), &into_aggregate)?;
+    match through.get() && !other.get() {
+        true => Ok(moved),
+        false => Ok(Transformed::no(node)),
+    }
 }
 
 /// Rewrites the markers of one plan node, those through a recursive CTE
-/// done.
-fn rewrite_markers(node: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
+/// done; `into_aggregate` rewrites the markers moved into an aggregate
+/// below.
+fn rewrite_markers(
+    node: LogicalPlan,
+    into_aggregate: &RewriteNode,
+) -> Result<Transformed<LogicalPlan>> {
     let node = through_tables(node)?;
     refuse_rereads(&node)?;
     let (node, subqueries) = through_subqueries(node)?;
-    let node = through_aggregates(node)?;
+    let node = through_aggregates(node, into_aggregate)?;
     let node = inline_derived(node)?;
     // Variables that are outer references are differentiated marker by
     // marker, each localized (see `crate::plan::free_variables`).

@@ -117,9 +117,28 @@ pub(super) fn rereads_below(node: &LogicalPlan) -> Result<bool> {
     Ok(!marked_outside)
 }
 
+/// Whether an aggregate of `node`'s input reads a recursive CTE whose
+/// recursive term reads its work table more than once (its subqueries too).
+pub(super) fn rereading_loop_below(node: &LogicalPlan) -> Result<bool> {
+    let [input] = node.inputs()[..] else {
+        return Ok(false);
+    };
+    input.exists(|n| {
+        let LogicalPlan::Aggregate(a) = n else {
+            return Ok(false);
+        };
+        a.input.exists(|n| {
+            Ok(match n {
+                LogicalPlan::RecursiveQuery(r) => work_table_reads(r)? >= 2,
+                _ => false,
+            })
+        })
+    })
+}
+
 /// How many times the recursive term of `r` (its subqueries too) reads the
 /// work table.
-fn work_table_reads(r: &RecursiveQuery) -> Result<usize> {
+pub(super) fn work_table_reads(r: &RecursiveQuery) -> Result<usize> {
     let mut reads = 0;
     r.recursive_term.apply_with_subqueries(|node| {
         if let LogicalPlan::TableScan(s) = node {

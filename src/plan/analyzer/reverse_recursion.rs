@@ -45,7 +45,9 @@ use datafusion::logical_expr::{
 };
 
 use super::backward_recursion::{self, AggregatingStep};
-use super::recursion::{carry, column_named, term_with_columns, Found, MAX_DIRECTIONS};
+use super::recursion::{
+    carry, column_named, term_with_columns, work_table_reads, Found, MAX_DIRECTIONS,
+};
 use crate::engine::call::{as_marker, has_marker, MarkerCall, MarkerKind};
 use crate::engine::{differentiate, Seed};
 use crate::error::{fail, ErrorKind};
@@ -216,7 +218,10 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
                 )
             }
             None => {
-                let shown = other.display().to_string();
+                let shown = match work_table_reads(r)? {
+                    1 => other.display().to_string(),
+                    _ => "more than one read of its work table".to_string(),
+                };
                 return fail(
                     ErrorKind::NeedsPlanContext,
                     format!(
