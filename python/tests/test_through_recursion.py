@@ -620,3 +620,57 @@ def test_value_of_each_training_row_through_a_training_loop_matches_jax(form, la
     }[form]
     got = [r["g"] for r in ctx.sql(loop + query).to_pylist()]
     assert np.asarray(got) == pytest.approx(np.asarray(want), rel=1e-8, abs=1e-12)
+
+
+@pytest.mark.parametrize("stock", [False, True])
+def test_hypergradient_of_the_relational_training_loop_matches_jax(stock):
+    """The README's relational loop (the parameter rows in the work table,
+    read again by the loss subquery whose gradient each step takes): the
+    learning rate's hypergradient per row and through an aggregate, in our
+    session and in the stock datafusion package through install."""
+    groups, n, steps, lr = 4, 30, 12, 0.01
+    g = RNG.integers(1, groups + 1, size=n)
+    xs = RNG.normal(size=n)
+    ys = 0.5 * g * xs + 0.1 * RNG.normal(size=n)
+
+    def train(lr):
+        def loss(w):
+            return jnp.sum((xs * w[g - 1] - ys) ** 2) + 0.1 * (jnp.mean(w[g - 1]) - 1.0) ** 2
+
+        def step(_, w):
+            return w - lr * jax.grad(loss)(w)
+
+        return jax.lax.fori_loop(0, steps, step, jnp.zeros(groups))
+
+    w = train(lr)
+    dw = jax.jacfwd(train)(lr)
+    dloss = jax.grad(lambda lr: jnp.mean((train(lr) - 0.5 * jnp.arange(1, groups + 1)) ** 2))(lr)
+    if stock:
+        datafusion = pytest.importorskip("datafusion")
+        ctx = dg.install(datafusion.SessionContext())
+    else:
+        ctx = dg.SessionContext()
+    rows = ", ".join(f"({int(k)}, {num(x)}, {num(y)})" for k, x, y in zip(g, xs, ys))
+    ctx.sql(f"CREATE TABLE d(g INT, x DOUBLE, y DOUBLE) AS VALUES {rows}").collect()
+    loop = f"""
+        WITH RECURSIVE train(step, g, w, lr) AS (
+          SELECT 0, g, CAST(0.0 AS DOUBLE), {num(lr)} FROM (SELECT DISTINCT g FROM d) t
+          UNION ALL
+          SELECT step + 1, g,
+                 w - lr * grad((SELECT sum(power(d.x * p.w - d.y, 2)) + 0.1 * power(avg(p.w) - 1.0, 2)
+                                FROM d JOIN train p ON p.g = d.g), w),
+                 lr
+          FROM train WHERE step < {steps})
+    """
+    got = ctx.sql(
+        loop + f"SELECT g, w, grad(w, lr) AS dw FROM train WHERE step = {steps} ORDER BY g"
+    ).to_pylist()
+    assert [r["g"] for r in got] == list(range(1, groups + 1))
+    for r in got:
+        assert r["w"] == pytest.approx(float(w[r["g"] - 1]), rel=1e-10)
+        assert r["dw"] == pytest.approx(float(dw[r["g"] - 1]), rel=1e-8)
+    agg = ctx.sql(
+        loop
+        + f"SELECT grad(avg(power(w - 0.5 * g, 2)), lr) AS h FROM train WHERE step = {steps} GROUP BY lr"
+    ).to_pylist()
+    assert agg[0]["h"] == pytest.approx(float(dloss), rel=1e-8)
