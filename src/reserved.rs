@@ -177,6 +177,19 @@ pub(crate) fn node_tangent(j: usize, i: usize) -> String {
     format!("__dfgrad_dot{j}_{i}")
 }
 
+/// The `k`-th part of the tangents of an aggregate of such a term (a
+/// window function below it, an aggregate of the rows) that a projection
+/// above combines (`__dfgrad_part{k}`).
+pub(crate) fn aggregate_part(k: usize) -> String {
+    format!("__dfgrad_part{k}")
+}
+
+/// The `i`-th group key of an aggregate joined back to its rows, where
+/// such a term needs a value of each row's group (`__dfgrad_group_key{i}`).
+pub(crate) fn group_key(i: usize) -> String {
+    format!("__dfgrad_group_key{i}")
+}
+
 /// The `k`-th value (a subquery over the work table, a relational
 /// gradient) computed below a projection of such a term
 /// (`__dfgrad_lifted{k}`).

@@ -47,13 +47,14 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::Column;
+use datafusion::common::{Column, NullEquality};
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    Aggregate, Expr, ExprSchemable, Filter, Join, JoinType, Limit, LogicalPlan, Projection,
-    ScalarUDF, Sort, Subquery, SubqueryAlias, TableScan, TableScanBuilder, TableSource,
+    lit, Aggregate, Expr, ExprSchemable, Filter, Join, JoinConstraint, JoinType, Limit,
+    LogicalPlan, Projection, ScalarUDF, Sort, Subquery, SubqueryAlias, TableScan, TableScanBuilder,
+    TableSource, WindowFunctionDefinition,
 };
 
 use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
@@ -61,7 +62,8 @@ use crate::error::{fail, ErrorKind};
 use crate::plan::expand::expand_markers;
 use crate::plan::lineage::origin_of;
 use crate::plan::unalias;
-use crate::reserved::{lifted_tangent, lifted_value, node_tangent};
+use crate::reserved::{aggregate_part, group_key, lifted_tangent, lifted_value, node_tangent};
+use crate::rules::aggregate::{aggregate_rule, AggregateCall};
 use crate::tensor::Shape;
 
 /// A plan and the tangents of its output columns: `tangents[i][j]`, the
@@ -663,7 +665,7 @@ impl<'a> Rewriter<'a> {
         tangents.resize(n + keys.len(), vec![None; self.directions]);
         group.extend(keys);
         let mut aggregates = Vec::with_capacity(a.aggr_expr.len());
-        let mut added = Vec::new();
+        let mut parts = AggregateParts::default();
         for (i, e) in a.aggr_expr.iter().enumerate() {
             let Expr::AggregateFunction(f) = unalias(e) else {
                 return self.refuse(format!("it aggregates with `{e}`"));
@@ -674,51 +676,188 @@ impl<'a> Rewriter<'a> {
             let output = a.schema.field(n + i).data_type();
             let mut row = vec![None; self.directions];
             if output.is_floating() || Shape::is_tensor_type(output) {
+                let Expr::AggregateFunction(call) = unalias(&self.swapped_expr(e)?).clone() else {
+                    unreachable!("an aggregate function, as above")
+                };
                 for (j, slot) in row.iter_mut().enumerate() {
-                    let mut args = Vec::with_capacity(f.params.args.len());
+                    let mut derivatives = Vec::with_capacity(call.params.args.len());
                     let mut moving = false;
-                    for arg in &f.params.args {
+                    for arg in &call.params.args {
                         let t = self.tangent_of(arg, &input, j)?;
                         moving |= t.is_some();
-                        args.push(t);
+                        derivatives.push(t.unwrap_or_else(|| lit(0.0)));
                     }
                     if !moving {
                         continue;
                     }
-                    let linear = matches!(
-                        f.func.name(),
-                        "sum" | "avg" | "mean" | "tensor_sum" | "tensor_avg"
-                    );
-                    let (true, [Some(t)]) = (linear && !f.params.distinct, &args[..]) else {
+                    let rule = aggregate_rule(call.func.as_ref()).map(|(_, rule)| rule);
+                    let (Some(rule), false) = (rule, call.params.distinct) else {
                         return self.refuse(format!(
-                            "it aggregates with `{e}`, whose derivative forward mode does not \
-                             carry here (sum, avg, tensor_sum, tensor_avg)"
+                            "it aggregates with `{e}`, which has no derivative rule here (DISTINCT, \
+                             or an aggregate without one)"
                         ));
                     };
-                    let name = node_tangent(j, n + i);
-                    added.push(
-                        Expr::AggregateFunction(AggregateFunction::new_udf(
-                            Arc::clone(&f.func),
-                            vec![t.clone()],
-                            false,
-                            f.params.filter.clone(),
-                            f.params.order_by.clone(),
-                            f.params.null_treatment,
-                        ))
-                        .alias(&name),
-                    );
-                    *slot = Some(Expr::Column(Column::new_unqualified(name)));
+                    let tangent = rule(&AggregateCall::new(&call, &group, derivatives))?;
+                    *slot = Some(parts.add(tangent, node_tangent(j, n + i))?);
                 }
             }
             aggregates.push(self.swapped_expr(e)?);
             tangents.push(row);
         }
-        tangents.resize(tangents.len() + added.len(), vec![None; self.directions]);
-        aggregates.extend(added);
-        let plan =
-            LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(input.plan), group, aggregates)?);
+        parts.over(input.plan, group, aggregates, tangents)
+    }
+}
+
+/// The tangents of an aggregate's outputs, as the aggregate rules write
+/// them: aggregates of the rows (with a value of each row's group where a
+/// rule needs the group's extreme next to each row) combined by a
+/// projection above, where a tangent is not one aggregate.
+#[derive(Default)]
+struct AggregateParts {
+    /// Window functions over the groups, computed below the aggregate.
+    windows: Vec<Expr>,
+    /// Aggregates added to it.
+    aggregates: Vec<Expr>,
+    /// Tangents computed above it from its columns.
+    combined: Vec<Expr>,
+}
+
+impl AggregateParts {
+    /// The column of the tangent `t` (an expression of aggregates), named
+    /// `name`.
+    fn add(&mut self, t: Expr, name: String) -> Result<Expr> {
+        let t = t
+            .transform_up(|e| {
+                Ok(match e {
+                    Expr::WindowFunction(_) => {
+                        let column = aggregate_part(self.windows.len() + self.aggregates.len());
+                        self.windows.push(e.alias(&column));
+                        Transformed::yes(Expr::Column(Column::new_unqualified(column)))
+                    }
+                    e => Transformed::no(e),
+                })
+            })?
+            .data;
+        if let Expr::AggregateFunction(_) = t {
+            self.aggregates.push(t.alias(&name));
+            return Ok(Expr::Column(Column::new_unqualified(name)));
+        }
+        let t = t
+            .transform_up(|e| {
+                Ok(match e {
+                    Expr::AggregateFunction(_) => {
+                        let column = aggregate_part(self.windows.len() + self.aggregates.len());
+                        self.aggregates.push(e.alias(&column));
+                        Transformed::yes(Expr::Column(Column::new_unqualified(column)))
+                    }
+                    e => Transformed::no(e),
+                })
+            })?
+            .data;
+        self.combined.push(t.alias(&name));
+        Ok(Expr::Column(Column::new_unqualified(name)))
+    }
+
+    /// The aggregate over `input` grouped by `group` with `aggregates` (the
+    /// node's own) and the parts, and the tangents of its outputs
+    /// (`tangents`, of the group keys and `aggregates`).
+    fn over(
+        self,
+        input: LogicalPlan,
+        group: Vec<Expr>,
+        mut aggregates: Vec<Expr>,
+        mut tangents: Vec<Vec<Option<Expr>>>,
+    ) -> Result<Dual> {
+        let directions = tangents.first().map_or(0, Vec::len);
+        let input = match self.windows.is_empty() {
+            true => input,
+            false => with_group_values(input, &group, self.windows)?,
+        };
+        aggregates.extend(self.aggregates);
+        let mut plan =
+            LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(input), group, aggregates)?);
+        tangents.resize(plan.schema().fields().len(), vec![None; directions]);
+        if !self.combined.is_empty() {
+            let mut exprs: Vec<Expr> = plan
+                .schema()
+                .columns()
+                .into_iter()
+                .map(Expr::Column)
+                .collect();
+            exprs.extend(self.combined);
+            plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(plan))?);
+            tangents.resize(plan.schema().fields().len(), vec![None; directions]);
+        }
         Ok(Dual { plan, tangents })
     }
+}
+
+/// `input` with the value of each window function of `windows` (an
+/// aggregate over the rows of its group, `max(x) OVER (PARTITION BY
+/// group)`, named by its alias) next to each row: computed by an aggregate
+/// grouped by `group` and joined back on the group (NULL keys equal), which
+/// relational reverse mode follows where the term is a loss's tangent (it
+/// does not follow windows).
+fn with_group_values(
+    input: LogicalPlan,
+    group: &[Expr],
+    windows: Vec<Expr>,
+) -> Result<LogicalPlan> {
+    let mut aggregates = Vec::with_capacity(windows.len());
+    for w in windows {
+        let Expr::Alias(alias) = w else {
+            unreachable!("an aliased window function")
+        };
+        let Expr::WindowFunction(f) = *alias.expr else {
+            unreachable!("a window function")
+        };
+        let WindowFunctionDefinition::AggregateUDF(udaf) = f.fun else {
+            unreachable!("an aggregate over the group, as the aggregate rules write it")
+        };
+        aggregates.push(
+            Expr::AggregateFunction(AggregateFunction::new_udf(
+                udaf,
+                f.params.args,
+                false,
+                None,
+                vec![],
+                None,
+            ))
+            .alias(alias.name),
+        );
+    }
+    let per_group = LogicalPlan::Aggregate(Aggregate::try_new(
+        Arc::new(input.clone()),
+        group.to_vec(),
+        aggregates,
+    )?);
+    let keys: Vec<String> = (0..group.len()).map(group_key).collect();
+    let exprs = per_group
+        .schema()
+        .columns()
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| match keys.get(i) {
+            Some(key) => Expr::Column(c).alias(key),
+            None => Expr::Column(c),
+        })
+        .collect();
+    let per_group = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(per_group))?);
+    let on = group
+        .iter()
+        .zip(&keys)
+        .map(|(g, k)| (g.clone(), Expr::Column(Column::new_unqualified(k))))
+        .collect();
+    Ok(LogicalPlan::Join(Join::try_new(
+        Arc::new(input),
+        Arc::new(per_group),
+        on,
+        None,
+        JoinType::Inner,
+        JoinConstraint::On,
+        NullEquality::NullEqualsNull,
+        false,
+    )?))
 }
 
 /// The subquery of a subquery expression.

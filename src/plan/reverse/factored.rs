@@ -43,6 +43,7 @@
 //! of an expression of each), a partial that is not a product of `Float64`
 //! factors, anything volatile — is passed as it comes.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
@@ -443,9 +444,20 @@ pub(super) fn summed_per_row(
             .iter()
             .map(|(_, j)| Placeholder::Key.column(*j)),
     );
+    // Two factors may be the same expression (`1.0` where a side has no
+    // value of its own): the second sum is named apart.
+    let mut named = HashSet::new();
     let sums = split
         .iter()
-        .map(|(_, theirs)| sum(theirs.clone()))
+        .enumerate()
+        .map(|(k, (_, theirs))| {
+            let total = sum(theirs.clone());
+            let name = total.schema_name().to_string();
+            match named.insert(name) {
+                true => total,
+                false => total.alias(Placeholder::Contracted.name(k)),
+            }
+        })
         .collect();
     let contracted = aggregate(other, groups, sums)?;
     let names = contracted
