@@ -218,9 +218,18 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
                 )
             }
             None => {
-                let shown = match work_table_reads(r)? {
-                    1 => other.display().to_string(),
-                    _ => "more than one read of its work table".to_string(),
+                let found = match work_table_reads(r)? {
+                    1 => format!(
+                        "contains `{}`",
+                        other
+                            .display()
+                            .to_string()
+                            .split(':')
+                            .next()
+                            .unwrap_or_default()
+                            .trim()
+                    ),
+                    _ => "reads its work table more than once".to_string(),
                 };
                 return fail(
                     ErrorKind::NeedsPlanContext,
@@ -229,12 +238,11 @@ pub(super) fn reverse(node: LogicalPlan, input: LogicalPlan, found: &Found) -> R
                          row-wise loops (projections and filters over the previous row) and \
                          loops whose step aggregates over data grouped by the previous row's \
                          columns (SELECT … FROM cte CROSS JOIN data GROUP BY every column of \
-                         cte); its recursive term contains `{}`; forward mode (SET \
+                         cte); its recursive term {found}; forward mode (SET \
                          datafusion_grad.recursion_mode = 'forward' or 'auto') follows joins \
                          and aggregates, for float and float tensor states and variables of at \
                          most {MAX_DIRECTIONS} elements in all",
                         r.name,
-                        shown.split(':').next().unwrap_or_default().trim()
                     ),
                 );
             }

@@ -24,13 +24,16 @@
 //!   it reads, the tangents taken as data (`∂L̇/∂w = Σₕ Σ_c ∂²L/∂w∂cₕ·ċₕ`,
 //!   the Hessian-vector product);
 //! - filters, sorts, limits and aliases pass the tangents on, joins those of
-//!   both sides; an aggregate adds `sum`, `avg`, `tensor_sum` or
-//!   `tensor_avg` of its arguments' tangents (a `count` has none), and
-//!   groups by a key's tangent too (a group is then rows of one tangent);
-//! - anything else — a window, a union, `min`/`max` of a value with a
-//!   tangent, a derivative whose `f` reads a column computed from the work
-//!   table below it, a correlated subquery over the work table — is refused,
-//!   typed.
+//!   both sides; an aggregate adds its outputs' tangents as the aggregate
+//!   rules write them ([`crate::rules::aggregate`]: `sum(ẋ)` for `sum`,
+//!   the tangent at the rows that attain a `max`, …; a group's extreme is
+//!   an aggregate joined back on the group, not a window, so that
+//!   relational reverse mode follows it in a loss's tangent), and groups
+//!   by a key's tangent too (a group is then rows of one tangent);
+//! - anything else — a window, a union, an aggregate without a rule or
+//!   `DISTINCT`, a derivative whose `f` reads a column computed from the
+//!   work table below it, a correlated subquery over the work table — is
+//!   refused, typed.
 //!
 //! ```sql
 //! -- the hypergradient of the learning rate of the README's relational loop
