@@ -83,12 +83,25 @@ pub(crate) fn left_join_by_identity(
     table: LogicalPlan,
     on: Vec<(Expr, Expr)>,
 ) -> Result<LogicalPlan> {
+    join_nulls_equal(rows, table, on, JoinType::Left)
+}
+
+/// `left` joined to `right` by the key pairs `(l, r)`: exact equality,
+/// NULL equal to NULL, as GROUP BY groups them (a group's rows joined back
+/// to the group find exactly it: two distinct keys, however close, or
+/// infinite, are two groups).
+pub(crate) fn join_nulls_equal(
+    left: LogicalPlan,
+    right: LogicalPlan,
+    on: Vec<(Expr, Expr)>,
+    join_type: JoinType,
+) -> Result<LogicalPlan> {
     Ok(LogicalPlan::Join(Join::try_new(
-        Arc::new(rows),
-        Arc::new(table),
+        Arc::new(left),
+        Arc::new(right),
         on,
         None,
-        JoinType::Left,
+        join_type,
         JoinConstraint::On,
         NullEquality::NullEqualsNull,
         false,

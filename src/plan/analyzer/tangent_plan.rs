@@ -50,21 +50,21 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, NullEquality};
+use datafusion::common::Column;
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
 use datafusion::logical_expr::{
-    lit, Aggregate, Expr, ExprSchemable, Filter, Join, JoinConstraint, JoinType, Limit,
-    LogicalPlan, Projection, ScalarUDF, Sort, Subquery, SubqueryAlias, TableScan, TableScanBuilder,
-    TableSource, WindowFunctionDefinition,
+    lit, Aggregate, Expr, ExprSchemable, Filter, Join, JoinType, Limit, LogicalPlan, Projection,
+    ScalarUDF, Sort, Subquery, SubqueryAlias, TableScan, TableScanBuilder, TableSource,
+    WindowFunctionDefinition,
 };
 
 use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
 use crate::plan::expand::expand_markers;
 use crate::plan::lineage::origin_of;
-use crate::plan::unalias;
+use crate::plan::{join_nulls_equal, unalias};
 use crate::reserved::{aggregate_part, group_key, lifted_tangent, lifted_value, node_tangent};
 use crate::rules::aggregate::{aggregate_rule, AggregateCall};
 use crate::tensor::Shape;
@@ -729,36 +729,38 @@ impl AggregateParts {
     /// The column of the tangent `t` (an expression of aggregates), named
     /// `name`.
     fn add(&mut self, t: Expr, name: String) -> Result<Expr> {
-        let t = t
-            .transform_up(|e| {
-                Ok(match e {
-                    Expr::WindowFunction(_) => {
-                        let column = aggregate_part(self.windows.len() + self.aggregates.len());
-                        self.windows.push(e.alias(&column));
-                        Transformed::yes(Expr::Column(Column::new_unqualified(column)))
-                    }
-                    e => Transformed::no(e),
-                })
-            })?
-            .data;
+        let t = self.parted(t, true)?;
         if let Expr::AggregateFunction(_) = t {
             self.aggregates.push(t.alias(&name));
             return Ok(Expr::Column(Column::new_unqualified(name)));
         }
-        let t = t
-            .transform_up(|e| {
-                Ok(match e {
-                    Expr::AggregateFunction(_) => {
-                        let column = aggregate_part(self.windows.len() + self.aggregates.len());
-                        self.aggregates.push(e.alias(&column));
-                        Transformed::yes(Expr::Column(Column::new_unqualified(column)))
-                    }
-                    e => Transformed::no(e),
-                })
-            })?
-            .data;
+        let t = self.parted(t, false)?;
         self.combined.push(t.alias(&name));
         Ok(Expr::Column(Column::new_unqualified(name)))
+    }
+
+    /// `t` with each of its window functions (`windows`) or else its
+    /// aggregates made a part, read as its column.
+    fn parted(&mut self, t: Expr, windows: bool) -> Result<Expr> {
+        Ok(t.transform_up(|e| {
+            let picked = match &e {
+                Expr::WindowFunction(_) => windows,
+                Expr::AggregateFunction(_) => !windows,
+                _ => false,
+            };
+            if !picked {
+                return Ok(Transformed::no(e));
+            }
+            let column = aggregate_part(self.windows.len() + self.aggregates.len());
+            match windows {
+                true => self.windows.push(e.alias(&column)),
+                false => self.aggregates.push(e.alias(&column)),
+            }
+            Ok(Transformed::yes(Expr::Column(Column::new_unqualified(
+                column,
+            ))))
+        })?
+        .data)
     }
 
     /// The aggregate over `input` grouped by `group` with `aggregates` (the
@@ -851,16 +853,7 @@ fn with_group_values(
         .zip(&keys)
         .map(|(g, k)| (g.clone(), Expr::Column(Column::new_unqualified(k))))
         .collect();
-    Ok(LogicalPlan::Join(Join::try_new(
-        Arc::new(input),
-        Arc::new(per_group),
-        on,
-        None,
-        JoinType::Inner,
-        JoinConstraint::On,
-        NullEquality::NullEqualsNull,
-        false,
-    )?))
+    join_nulls_equal(input, per_group, on, JoinType::Inner)
 }
 
 /// The subquery of a subquery expression.

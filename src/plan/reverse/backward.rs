@@ -28,15 +28,14 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, NullEquality, ScalarValue, TableReference};
+use datafusion::common::{Column, ScalarValue, TableReference};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction};
 use datafusion::logical_expr::{
-    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Filter, Join, JoinConstraint,
-    JoinType, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, Window,
-    WindowFunctionDefinition,
+    cast, lit, Aggregate, Expr, ExprFunctionExt, ExprSchemable, Filter, JoinType, LogicalPlan,
+    LogicalPlanBuilder, Projection, SubqueryAlias, Window, WindowFunctionDefinition,
 };
 
 use super::block::{Alternative, Blocks, LeafKind};
@@ -44,7 +43,7 @@ use super::factored;
 use crate::engine::{differentiate, Seed as Sweep};
 use crate::error::{fail, GradError};
 use crate::plan::shared::{share, unshared};
-use crate::plan::{columns, unalias};
+use crate::plan::{columns, join_nulls_equal, unalias};
 use crate::reserved::{Placeholder, GRADIENT, SEED, STATS};
 use crate::rules::transpose::{transpose_rule, TransposeCall};
 use crate::rules::{num, Rules};
@@ -170,7 +169,7 @@ impl<'a> Backward<'a> {
                 .collect();
             // The adjoints (one per group) on the build side, the rows
             // (as many as the group's inputs) probing them.
-            rows = key_join(relation.clone(), rows, pairs, JoinType::Inner)?;
+            rows = join_nulls_equal(relation.clone(), rows, pairs, JoinType::Inner)?;
         }
         // The adjoints as columns: constants to the engine.
         let mut exprs = columns(&rows);
@@ -582,7 +581,7 @@ fn with_stats(
             )
         })
         .collect();
-    let joined = key_join(seed, stats_rel, pairs, JoinType::Left)?;
+    let joined = join_nulls_equal(seed, stats_rel, pairs, JoinType::Left)?;
     let mut exprs: Vec<Expr> = (0..nkeys)
         .map(|j| qualified(SEED, Placeholder::Key.name(j)).alias(Placeholder::Key.name(j)))
         .collect();
@@ -596,29 +595,6 @@ fn with_stats(
     Ok(LogicalPlan::Projection(Projection::try_new(
         exprs,
         Arc::new(joined),
-    )?))
-}
-
-/// `left` joined to `right` by the key pairs `(l, r)`: exact equality,
-/// NULL equal to NULL, as GROUP BY groups them. Both sides compute a key
-/// from the same row values (the aggregates below are shared, computed
-/// once), so a group's rows find exactly their group: two distinct keys,
-/// however close, or infinite, are two groups.
-pub(super) fn key_join(
-    left: LogicalPlan,
-    right: LogicalPlan,
-    on: Vec<(Expr, Expr)>,
-    join_type: JoinType,
-) -> Result<LogicalPlan> {
-    Ok(LogicalPlan::Join(Join::try_new(
-        Arc::new(left),
-        Arc::new(right),
-        on,
-        None,
-        join_type,
-        JoinConstraint::On,
-        NullEquality::NullEqualsNull,
-        false,
     )?))
 }
 

@@ -55,8 +55,8 @@ use datafusion::logical_expr::{
     lit, BinaryExpr, Expr, ExprSchemable, Filter, JoinType, LogicalPlan, Operator, Projection,
 };
 
-use super::backward::{aggregate, key_join, sum};
-use crate::plan::columns;
+use super::backward::{aggregate, sum};
+use crate::plan::{columns, join_nulls_equal};
 use crate::reserved::Placeholder;
 
 /// One leaf of a block: its rows and the conditions on them alone.
@@ -343,7 +343,7 @@ pub(super) fn summed_per_row(
             .collect();
         // NULL equal to NULL, as the groups' keys; the rows whose keys NULL
         // must not match were dropped before.
-        key_join(rows, relation.clone(), on, JoinType::Inner)
+        join_nulls_equal(rows, relation.clone(), on, JoinType::Inner)
     };
     // The rest joined: the seed first with the leaf its keys read (the
     // sums' rows are then that leaf's joined to the adjoints, each meeting
@@ -414,7 +414,7 @@ pub(super) fn summed_per_row(
                     }
                 }
                 let leaf = filtered(sides[i].rows.clone(), right)?;
-                let joined = key_join(filtered(plan, left)?, leaf, keys, JoinType::Inner)?;
+                let joined = join_nulls_equal(filtered(plan, left)?, leaf, keys, JoinType::Inner)?;
                 filtered(joined, rest)?
             }
         };
@@ -482,7 +482,7 @@ pub(super) fn summed_per_row(
         .enumerate()
         .map(|(i, k)| (k, Placeholder::JoinKey.column(i)))
         .collect();
-    let met = key_join(mine, contracted, on, JoinType::Inner)?;
+    let met = join_nulls_equal(mine, contracted, on, JoinType::Inner)?;
     let mut exprs = columns(&sides[t].rows);
     for (n, ((name, _), (mine, _))) in partials.iter().zip(split).enumerate() {
         exprs.push((mine * Placeholder::Contracted.column(n)).alias(name));
