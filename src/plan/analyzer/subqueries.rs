@@ -81,12 +81,7 @@ pub(crate) fn through_subqueries(node: LogicalPlan) -> Result<(LogicalPlan, Boun
     if matches!(node, LogicalPlan::Filter(_)) {
         bound.output = Some(node.schema().columns());
     }
-    let mut columns: Vec<Expr> = input
-        .schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect();
+    let mut columns = crate::plan::columns(&input);
     columns.extend(
         bound
             .subqueries

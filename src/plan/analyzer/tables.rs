@@ -75,12 +75,7 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
         return Ok(node);
     }
     let mut plan = input.as_ref().clone();
-    let mut passed: Vec<Expr> = input
-        .schema()
-        .columns()
-        .into_iter()
-        .map(Expr::Column)
-        .collect();
+    let mut passed = columns(&input);
     for (t, (_, _, table, identity, relation)) in found.tables.into_iter().enumerate() {
         let qualifier = gradient_table_qualifier(t);
         passed.push(Expr::Column(Column::new(Some(qualifier.clone()), GRADIENT)));

@@ -64,7 +64,7 @@ use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
 use crate::plan::expand::expand_markers;
 use crate::plan::lineage::origin_of;
-use crate::plan::{join_nulls_equal, unalias};
+use crate::plan::{columns, join_nulls_equal, unalias};
 use crate::reserved::{aggregate_part, group_key, lifted_tangent, lifted_value, node_tangent};
 use crate::rules::aggregate::{aggregate_rule, AggregateCall};
 use crate::tensor::Shape;
@@ -783,12 +783,7 @@ impl AggregateParts {
             LogicalPlan::Aggregate(Aggregate::try_new(Arc::new(input), group, aggregates)?);
         tangents.resize(plan.schema().fields().len(), vec![None; directions]);
         if !self.combined.is_empty() {
-            let mut exprs: Vec<Expr> = plan
-                .schema()
-                .columns()
-                .into_iter()
-                .map(Expr::Column)
-                .collect();
+            let mut exprs = columns(&plan);
             exprs.extend(self.combined);
             plan = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(plan))?);
             tangents.resize(plan.schema().fields().len(), vec![None; directions]);
