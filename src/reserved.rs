@@ -234,6 +234,28 @@ pub(crate) fn adjoint_column(c: usize) -> String {
     format!("__dfgrad_adjoint{c}")
 }
 
+/// The cotangent of the `m`-th relational gradient of a step that reads its
+/// work table again, as its loop runs backwards (`__dfgrad_cotangent{m}`).
+pub(crate) fn cotangent_column(m: usize) -> String {
+    format!("__dfgrad_cotangent{m}")
+}
+
+/// The recursive CTE that runs a loop whose step reads its work table again
+/// backwards, for relational reverse mode (`__dfgrad_backward_rows`).
+pub(crate) const BACKWARD_ROWS: &str = "__dfgrad_backward_rows";
+
+/// The rows' adjoints one backward step computes, as the next step's rows
+/// read them (`__dfgrad_adjoints`).
+pub(crate) const ADJOINTS: &str = "__dfgrad_adjoints";
+
+/// The qualifier of the row a recursive CTE's row made, read beside it by
+/// relational reverse mode through its iterations (`__dfgrad_next`).
+pub(crate) const NEXT: &str = "__dfgrad_next";
+
+/// The iteration a row of a loss's plan batched over a loop's iterations
+/// belongs to (`__dfgrad_level`).
+pub(crate) const LEVEL: &str = "__dfgrad_level";
+
 /// The first row (its number) a row of a recursive CTE differentiated in
 /// reverse mode through aggregating steps derives from
 /// (`__dfgrad_trajectory`).

@@ -56,6 +56,7 @@ use datafusion::logical_expr::{
 
 use super::backward_recursion::{total_of, with_history, zero, AggregatingStep, Transpose};
 use super::recursion::work_table_reads;
+use super::rereading_transpose;
 use super::reverse_recursion::differentiable_columns;
 use crate::engine::call::SharedRules;
 use crate::error::{fail, ErrorKind};
@@ -119,20 +120,6 @@ pub(super) fn gradient_table(
             "it is a UNION (distinct), which drops rows by their values; write UNION ALL",
         );
     }
-    let Some(step) = AggregatingStep::of(r)? else {
-        let rereads = match work_table_reads(r)? {
-            1 => "",
-            _ => {
-                "; this step reads its work table more than once (a loss subquery over the rows \
-                 it updates, a self-join), which it does not follow yet"
-            }
-        };
-        return refuse(&format!(
-            "relational reverse mode follows a loop whose step aggregates over the table grouped \
-             by every column of the previous row (SELECT … FROM cte CROSS JOIN data GROUP BY \
-             every column of cte){rereads}"
-        ));
-    };
     if reads(&r.static_term, parameter.relation)? {
         return refuse(
             "its first row reads the table; relational reverse mode follows the table's rows \
@@ -144,6 +131,23 @@ pub(super) fn gradient_table(
     let parameter = Parameter {
         relation: &relation,
         ..parameter
+    };
+    let Some(step) = AggregatingStep::of(r)? else {
+        if work_table_reads(r)? < 2 {
+            return refuse(
+                "relational reverse mode follows a loop whose step aggregates over the table \
+                 grouped by every column of the previous row (SELECT … FROM cte CROSS JOIN data \
+                 GROUP BY every column of cte), or a step that reads its work table again (a \
+                 loss subquery over the rows it updates)",
+            );
+        }
+        let contributions = rereading_transpose::contributions(loss, &cte, r, parameter, rules)?;
+        return GroupJoin::plan(
+            parameter.relation,
+            parameter.identity,
+            contributions,
+            parameter.names,
+        );
     };
     let state = DFSchema::try_from(r.static_term.schema().as_arrow().clone())?;
     let differentiable = differentiable_columns(&state);
@@ -211,7 +215,11 @@ fn loops_reading(
 /// `loss` with the recursive CTE `cte` read from `fwd` (the CTE with its
 /// history): the same rows and values, each row now told apart by its
 /// trajectory and iteration.
-fn over_history(loss: &LogicalPlan, cte: &LogicalPlan, fwd: &LogicalPlan) -> Result<LogicalPlan> {
+pub(super) fn over_history(
+    loss: &LogicalPlan,
+    cte: &LogicalPlan,
+    fwd: &LogicalPlan,
+) -> Result<LogicalPlan> {
     let exprs = cte
         .schema()
         .fields()
@@ -239,7 +247,7 @@ fn over_history(loss: &LogicalPlan, cte: &LogicalPlan, fwd: &LogicalPlan) -> Res
 /// `__dfgrad_adjoint{c}` per column `c` (NULL where the loss reads another
 /// column only). `None` where the loss reads no differentiable column of
 /// those rows.
-fn row_adjoints(
+pub(super) fn row_adjoints(
     loss: &LogicalPlan,
     fwd: &LogicalPlan,
     state: &DFSchema,

@@ -53,6 +53,7 @@ mod aggregates;
 mod backward_recursion;
 mod loop_tables;
 mod recursion;
+mod rereading_transpose;
 mod reverse_recursion;
 mod subqueries;
 mod tables;
@@ -285,6 +286,9 @@ fn rewrite_rereading_loops(node: LogicalPlan) -> Result<Transformed<LogicalPlan>
     }
     if rereads_below(&node)? {
         return rewrite_markers(through_rereading_recursion(node)?, &rewrite_node);
+    }
+    if rereading_transpose::valued_below(&node)? {
+        return rewrite_markers(node, &rewrite_node);
     }
     if !rereading_loop_below(&node)? {
         return Ok(Transformed::no(node));

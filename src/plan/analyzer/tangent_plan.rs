@@ -100,6 +100,8 @@ pub(super) struct Rewriter<'a> {
     rules: SharedRules,
     /// Lifted subqueries so far (their columns are numbered in the term).
     lifted: Cell<usize>,
+    /// What a refusal says first, where not forward mode through `cte`.
+    context: Option<String>,
 }
 
 impl<'a> Rewriter<'a> {
@@ -119,10 +121,21 @@ impl<'a> Rewriter<'a> {
             tangent,
             rules,
             lifted: Cell::new(0),
+            context: None,
         }
     }
 
+    /// The rewriter whose refusals start with `context` (a caller other
+    /// than forward mode through the loop).
+    pub(super) fn refusing_as(mut self, context: String) -> Self {
+        self.context = Some(context);
+        self
+    }
+
     fn refuse<T>(&self, why: impl std::fmt::Display) -> Result<T> {
+        if let Some(context) = &self.context {
+            return fail(ErrorKind::NeedsPlanContext, format!("{context}: {why}"));
+        }
         fail(
             ErrorKind::NeedsPlanContext,
             format!(
