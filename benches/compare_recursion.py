@@ -30,6 +30,13 @@ Cases (each a recursive query; the timed statement returns one row):
     selects the validation loss, `reverse` the derivative of that loss with
     respect to every row's weight (relational reverse mode through the
     loop), summed with the count of rows so that one row comes back.
+  * `relational N T`: the relational loop of docs/relational.md (100
+    parameter rows, the CTE's own rows; each step the gradient of a loss
+    subquery over the N-row table joined with them all), T steps; `loop`
+    selects the final loss, `forward` its derivative with respect to the
+    learning rate carried by every row (forward mode: the loss's tangent),
+    `reverse` the derivative with respect to every data row's y (relational
+    reverse mode through the loop, summed with the count of rows).
 
 The time of a statement is the `Elapsed` line dfgrad prints for it
 (planning + execution). Variants alternate within one process (ABBA order)
@@ -162,6 +169,26 @@ VALUATION_SELECTS = {
 }
 
 
+RELATIONAL = """WITH RECURSIVE train(step, g, w, lr) AS (
+  SELECT 0, g, CAST(0.0 AS DOUBLE), CAST(0.00005 AS DOUBLE) FROM (SELECT DISTINCT g FROM dg) t
+  UNION ALL
+  SELECT step + 1, g, w - lr * grad((SELECT sum(power(dg.x * p.w - dg.y, 2))
+                                     FROM dg JOIN train p ON p.g = dg.g), w), lr
+  FROM train WHERE step < {t}),
+loss AS (SELECT sum(power(w - 2, 2)) AS loss FROM train WHERE step = {t})
+{select};"""
+
+RELATIONAL_SELECTS = {
+    "loop": "SELECT loss FROM loss",
+    "forward": "SELECT sum(power(w - 2, 2)), grad(sum(power(w - 2, 2)), lr) FROM train WHERE step = {t} GROUP BY lr",
+    "reverse": "SELECT sum(v), count(*) FROM (SELECT grad((SELECT loss FROM loss), dg.y) AS v FROM dg) r",
+}
+
+RELATIONAL_TABLE = """CREATE OR REPLACE TABLE dg AS SELECT CAST(value AS INT) AS i,
+  CAST(value % 100 + 1 AS INT) AS g, (value % 17) / 17.0 AS x,
+  (value % 13) / 13.0 + (value % 7) / 7.0 AS y FROM generate_series(1, {n});"""
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dfgrad", default=default_dfgrad())
@@ -209,6 +236,11 @@ def main():
             for variant, select in VALUATION_SELECTS.items():
                 sql = VALUATION.format(t=t, select=select)
                 cases.append((f"valuation N={n} T={t}", variant, sql))
+        setup.append(RELATIONAL_TABLE.format(n=n))
+        for t in args.meta_steps:
+            for variant, select in RELATIONAL_SELECTS.items():
+                sql = RELATIONAL.format(t=t, select=select.format(t=t))
+                cases.append((f"relational N={n} T={t}", variant, sql))
     if args.mlp_steps:
         setup.append(MLP_TABLE)
     for t in args.mlp_steps:

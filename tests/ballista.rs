@@ -137,6 +137,17 @@ const QUERIES: &[&str] = &[
                                           FROM t JOIN train p ON p.k = t.i % 3), w) \
        FROM train WHERE step < 4) \
      SELECT step, k, w FROM train ORDER BY step, k",
+    // ... and the value of each data row's y to that loop's final loss
+    // (relational reverse mode through it: the loop run backwards)
+    "WITH RECURSIVE train(step, k, w) AS ( \
+       SELECT 0 AS step, k, CAST(0.0 AS DOUBLE) AS w FROM (VALUES (0), (1), (2)) AS v(k) \
+       UNION ALL \
+       SELECT step + 1, k, w - 0.3 * grad((SELECT avg(power(p.w * t.x - t.y, 2)) \
+                                          FROM t JOIN train p ON p.k = t.i % 3), w) \
+       FROM train WHERE step < 4), \
+     loss AS (SELECT sum(power(w - 1.0, 2)) AS loss FROM train WHERE step = 4) \
+     SELECT count(*) AS n, sum(g) AS s, sum(abs(g)) AS a \
+     FROM (SELECT grad((SELECT loss FROM loss), t.y) AS g FROM t) q",
     // a derivative through the iterations of a training loop over the
     // partitioned data (forward mode: tangent columns in the work table)
     "WITH RECURSIVE p(step, w, lr) AS ( \

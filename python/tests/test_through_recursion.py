@@ -626,14 +626,16 @@ def test_value_of_each_training_row_through_a_training_loop_matches_jax(form, la
 def test_hypergradient_of_the_relational_training_loop_matches_jax(stock):
     """The README's relational loop (the parameter rows in the work table,
     read again by the loss subquery whose gradient each step takes): the
-    learning rate's hypergradient per row and through an aggregate, in our
-    session and in the stock datafusion package through install."""
+    learning rate's hypergradient per row and through an aggregate, and the
+    value of each data row's y to the final loss (relational reverse mode
+    through the loop), in our session and in the stock datafusion package
+    through install."""
     groups, n, steps, lr = 4, 30, 12, 0.01
     g = RNG.integers(1, groups + 1, size=n)
     xs = RNG.normal(size=n)
     ys = 0.5 * g * xs + 0.1 * RNG.normal(size=n)
 
-    def train(lr):
+    def train(lr, ys=ys):
         def loss(w):
             return jnp.sum((xs * w[g - 1] - ys) ** 2) + 0.1 * (jnp.mean(w[g - 1]) - 1.0) ** 2
 
@@ -644,14 +646,18 @@ def test_hypergradient_of_the_relational_training_loop_matches_jax(stock):
 
     w = train(lr)
     dw = jax.jacfwd(train)(lr)
-    dloss = jax.grad(lambda lr: jnp.mean((train(lr) - 0.5 * jnp.arange(1, groups + 1)) ** 2))(lr)
+    target = 0.5 * jnp.arange(1, groups + 1)
+    dloss = jax.grad(lambda lr: jnp.mean((train(lr) - target) ** 2))(lr)
+    dys = jax.grad(lambda ys: jnp.mean((train(lr, ys) - target) ** 2))(ys)
     if stock:
         datafusion = pytest.importorskip("datafusion")
         ctx = dg.install(datafusion.SessionContext())
     else:
         ctx = dg.SessionContext()
-    rows = ", ".join(f"({int(k)}, {num(x)}, {num(y)})" for k, x, y in zip(g, xs, ys))
-    ctx.sql(f"CREATE TABLE d(g INT, x DOUBLE, y DOUBLE) AS VALUES {rows}").collect()
+    rows = ", ".join(
+        f"({i}, {int(k)}, {num(x)}, {num(y)})" for i, (k, x, y) in enumerate(zip(g, xs, ys))
+    )
+    ctx.sql(f"CREATE TABLE d(i INT, g INT, x DOUBLE, y DOUBLE) AS VALUES {rows}").collect()
     loop = f"""
         WITH RECURSIVE train(step, g, w, lr) AS (
           SELECT 0, g, CAST(0.0 AS DOUBLE), {num(lr)} FROM (SELECT DISTINCT g FROM d) t
@@ -674,3 +680,11 @@ def test_hypergradient_of_the_relational_training_loop_matches_jax(stock):
         + f"SELECT grad(avg(power(w - 0.5 * g, 2)), lr) AS h FROM train WHERE step = {steps} GROUP BY lr"
     ).to_pylist()
     assert agg[0]["h"] == pytest.approx(float(dloss), rel=1e-8)
+    valued = ctx.sql(
+        loop
+        + f""", loss AS (SELECT avg(power(w - 0.5 * g, 2)) AS loss FROM train WHERE step = {steps})
+        SELECT d.i, grad((SELECT loss FROM loss), d.y) AS v FROM d ORDER BY d.i"""
+    ).to_pylist()
+    assert [r["i"] for r in valued] == list(range(n))
+    got = np.asarray([r["v"] for r in valued])
+    assert got == pytest.approx(np.asarray(dys), rel=1e-8, abs=1e-14)

@@ -120,10 +120,15 @@ pub(super) fn gradient_table(
             "it is a UNION (distinct), which drops rows by their values; write UNION ALL",
         );
     }
-    if reads(&r.static_term, parameter.relation)? {
+    if reads(&r.static_term, parameter.relation)?
+        && names_column(
+            &r.static_term,
+            parameter.relation.schema().field(parameter.column).name(),
+        )?
+    {
         return refuse(
-            "its first row reads the table; relational reverse mode follows the table's rows \
-             into the loop's steps, not into its first row",
+            "its first row reads the table's column; relational reverse mode follows the \
+             table's rows into the loop's steps, not into its first row",
         );
     }
     // The relation as the passes read it (as reverse::gradient_table does).
@@ -187,6 +192,23 @@ pub(super) fn gradient_table(
         contributions,
         parameter.names,
     )
+}
+
+/// Whether an expression of `plan` (its subqueries too) reads a column
+/// named `name`: a first row that reads the table only by its other
+/// columns (`SELECT DISTINCT g FROM d`) does not move with the variable.
+fn names_column(plan: &LogicalPlan, name: &str) -> Result<bool> {
+    let mut found = false;
+    plan.apply_with_subqueries(|node| {
+        for e in node.expressions() {
+            found |= e.column_refs().iter().any(|c| c.name == name);
+        }
+        Ok(match found {
+            true => TreeNodeRecursion::Stop,
+            false => TreeNodeRecursion::Continue,
+        })
+    })?;
+    Ok(found)
 }
 
 /// The recursive CTEs in `plan` (its subqueries and shared subplans too)

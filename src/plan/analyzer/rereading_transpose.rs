@@ -438,19 +438,13 @@ impl<'r> Step<'r> {
     ) -> Result<LogicalPlan> {
         let unqualified = |n: &str| Expr::Column(Column::new_unqualified(n));
         // The first rows: the last step's.
-        let last = Expr::ScalarSubquery(Subquery {
-            subquery: Arc::new(
-                LogicalPlanBuilder::from(history.clone())
-                    .aggregate(Vec::<Expr>::new(), vec![max(unqualified(ITERATION_COLUMN))])?
-                    .build()?,
-            ),
-            outer_ref_columns: vec![],
-            spans: Default::default(),
-        });
-        let first = LogicalPlan::Filter(Filter::try_new(
-            unqualified(ITERATION_COLUMN).eq(last),
-            Arc::new(history.clone()),
-        )?);
+        let last = at_level(history, history, max(unqualified(ITERATION_COLUMN)), 0)?;
+        let mut exprs = Vec::new();
+        for f in history.schema().fields() {
+            let name = f.name();
+            exprs.push(Expr::Column(Column::new(Some(FORWARD), name)).alias(name));
+        }
+        let first = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(last))?);
         let first = self.with_cotangents(first, differentiable, rules)?;
 
         // A step back: the adjoints of the rows at iteration k …
@@ -495,23 +489,8 @@ impl<'r> Step<'r> {
         )?);
         // … with the rows at iteration k − 1 (every one, a trajectory that
         // ends at k too).
-        let level = Expr::ScalarSubquery(Subquery {
-            subquery: Arc::new(
-                LogicalPlanBuilder::from(scan)
-                    .aggregate(Vec::<Expr>::new(), vec![min(at(ITERATION_COLUMN))])?
-                    .build()?,
-            ),
-            outer_ref_columns: vec![],
-            spans: Default::default(),
-        });
         let col = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
-        let before = LogicalPlan::Filter(Filter::try_new(
-            col(FORWARD, ITERATION_COLUMN).eq(level - lit(1i64)),
-            Arc::new(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
-                Arc::new(history.clone()),
-                FORWARD,
-            )?)),
-        )?);
+        let before = at_level(history, &scan, min(at(ITERATION_COLUMN)), -1)?;
         let joined = LogicalPlanBuilder::from(before)
             .join_on(
                 adjoints,
@@ -614,6 +593,27 @@ impl<'r> Step<'r> {
     }
 }
 
+/// The rows of `rows` (as [`FORWARD`]) whose iteration is `offset` after
+/// `level`, an aggregate of `of`'s (a join, not a subquery: Ballista's
+/// client-driven recursion runs the loops it reads).
+fn at_level(rows: &LogicalPlan, of: &LogicalPlan, level: Expr, offset: i64) -> Result<LogicalPlan> {
+    let level = LogicalPlanBuilder::from(of.clone())
+        .aggregate(Vec::<Expr>::new(), vec![level.alias(LEVEL)])?
+        .alias(LEVEL)?
+        .build()?;
+    let at = |q: &str, n: &str| Expr::Column(Column::new(Some(q), n));
+    LogicalPlanBuilder::from(LogicalPlan::SubqueryAlias(SubqueryAlias::try_new(
+        Arc::new(rows.clone()),
+        FORWARD,
+    )?))
+    .join_on(
+        level,
+        JoinType::Inner,
+        vec![at(FORWARD, ITERATION_COLUMN).eq(at(LEVEL, LEVEL) + lit(offset))],
+    )?
+    .build()
+}
+
 /// `a + b`, tensors added as tensors.
 fn add(a: Expr, b: Expr, schema: &DFSchema) -> Result<Expr> {
     Ok(match Shape::is_tensor_type(&b.get_type(schema)?) {
@@ -708,19 +708,14 @@ fn reads(plan: &LogicalPlan, name: &str) -> Result<bool> {
 
 /// Whether `node` takes a relational gradient (`grad((SELECT loss …),
 /// t.c)`) whose loss reads a recursive CTE whose step reads its work table
-/// more than once and a table that `node`'s input reads: the markers of
-/// that step are to be rewritten by this module, not before.
+/// more than once and a relation that `node`'s input reads (a table or a
+/// CTE, by name): the markers of that step are to be rewritten by this
+/// module, not before.
 pub(super) fn valued_below(node: &LogicalPlan) -> Result<bool> {
     let LogicalPlan::Projection(p) = node else {
         return Ok(false);
     };
-    let mut tables = Vec::new();
-    p.input.apply_with_subqueries(|n| {
-        if let LogicalPlan::TableScan(s) = n {
-            tables.push(s.table_name.table().to_string());
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
+    let read = relations(&p.input)?;
     let mut found = false;
     for e in &p.expr {
         e.apply(|x| {
@@ -733,9 +728,9 @@ pub(super) fn valued_below(node: &LogicalPlan) -> Result<bool> {
             s.subquery.apply_with_subqueries(|n| {
                 if let LogicalPlan::RecursiveQuery(r) = n {
                     if work_table_reads(r)? >= 2 {
-                        for t in &tables {
-                            found |= reads(&r.recursive_term, t)?;
-                        }
+                        found |= relations(&r.recursive_term)?
+                            .iter()
+                            .any(|t| *t != r.name && read.contains(t));
                     }
                 }
                 Ok(TreeNodeRecursion::Continue)
@@ -744,6 +739,21 @@ pub(super) fn valued_below(node: &LogicalPlan) -> Result<bool> {
         })?;
     }
     Ok(found)
+}
+
+/// The names of the tables and aliased relations (CTEs) `plan` reads, its
+/// subqueries too.
+fn relations(plan: &LogicalPlan) -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    plan.apply_with_subqueries(|n| {
+        match n {
+            LogicalPlan::TableScan(s) => names.push(s.table_name.table().to_string()),
+            LogicalPlan::SubqueryAlias(a) => names.push(a.alias.table().to_string()),
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(names)
 }
 
 /// Whether a subquery in `e` reads the table `name`.
