@@ -94,6 +94,18 @@ fn assert_same(sql: &str, local: &RecordBatch, remote: &RecordBatch) {
     }
 }
 
+/// The value of each data row's y to the relational loop's final loss
+/// (relational reverse mode through it): run locally, refused on Ballista.
+const RELATIONAL_VALUATION: &str = "WITH RECURSIVE train(step, k, w) AS ( \
+       SELECT 0 AS step, k, CAST(0.0 AS DOUBLE) AS w FROM (VALUES (0), (1), (2)) AS v(k) \
+       UNION ALL \
+       SELECT step + 1, k, w - 0.3 * grad((SELECT avg(power(p.w * t.x - t.y, 2)) \
+                                          FROM t JOIN train p ON p.k = t.i % 3), w) \
+       FROM train WHERE step < 4), \
+     loss AS (SELECT sum(power(w - 1.0, 2)) AS loss FROM train WHERE step = 4) \
+     SELECT count(*) AS n, sum(g) AS s, sum(abs(g)) AS a \
+     FROM (SELECT grad((SELECT loss FROM loss), t.y) AS g FROM t) q";
+
 /// The queries run on both engines.
 const QUERIES: &[&str] = &[
     // per-row derivatives
@@ -137,17 +149,6 @@ const QUERIES: &[&str] = &[
                                           FROM t JOIN train p ON p.k = t.i % 3), w) \
        FROM train WHERE step < 4) \
      SELECT step, k, w FROM train ORDER BY step, k",
-    // ... and the value of each data row's y to that loop's final loss
-    // (relational reverse mode through it: the loop run backwards)
-    "WITH RECURSIVE train(step, k, w) AS ( \
-       SELECT 0 AS step, k, CAST(0.0 AS DOUBLE) AS w FROM (VALUES (0), (1), (2)) AS v(k) \
-       UNION ALL \
-       SELECT step + 1, k, w - 0.3 * grad((SELECT avg(power(p.w * t.x - t.y, 2)) \
-                                          FROM t JOIN train p ON p.k = t.i % 3), w) \
-       FROM train WHERE step < 4), \
-     loss AS (SELECT sum(power(w - 1.0, 2)) AS loss FROM train WHERE step = 4) \
-     SELECT count(*) AS n, sum(g) AS s, sum(abs(g)) AS a \
-     FROM (SELECT grad((SELECT loss FROM loss), t.y) AS g FROM t) q",
     // a derivative through the iterations of a training loop over the
     // partitioned data (forward mode: tangent columns in the work table)
     "WITH RECURSIVE p(step, w, lr) AS ( \
@@ -337,6 +338,20 @@ async fn check_queries(local: &SessionContext, remote: &SessionContext) -> Resul
         let r = rows(remote, sql).await?;
         assert_same(sql, &l, &r);
     }
+    let l = rows(local, RELATIONAL_VALUATION).await?;
+    assert_eq!(
+        l.column(0).as_primitive::<Int64Type>().value(0),
+        ROWS * FILES
+    );
+    let refused = rows(remote, RELATIONAL_VALUATION)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused
+            .contains("[needs_plan_context] on Ballista, relational reverse mode through a loop"),
+        "{refused}"
+    );
     Ok(())
 }
 

@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use ballista_core::config::BALLISTA_ADAPTIVE_PLANNER_ENABLED;
 use datafusion::arrow::array::RecordBatch;
 use datafusion::catalog::Session;
-use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema, DFSchemaRef, ScalarValue};
 use datafusion::datasource::cte_worktable::CteWorkTable;
 use datafusion::datasource::source_as_provider;
@@ -46,11 +46,13 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 
 use super::deadline::DeadlineExec;
+use crate::error::{fail, ErrorKind};
 use crate::exec::iterate::Seen;
 use crate::exec::iterations::IterationLimit;
 use crate::options::GradOptions;
 use crate::physical_planner::AdjointLoopPlanner;
 use crate::plan::adjoint_loop::AdjointLoop;
+use crate::reserved::BACKWARD_ROWS;
 
 /// A query planner that evaluates recursive queries on the client, one
 /// query of `inner` (Ballista's planner) per iteration, and plans the rest
@@ -187,6 +189,7 @@ impl QueryPlanner for ClientRecursion {
                 crate::plan::shared::unshare(logical_plan.clone())?,
             )?)?,
         )?;
+        refuse_backward_rows(logical_plan)?;
         let recursive = logical_plan.exists(|p| Ok(matches!(p, LogicalPlan::RecursiveQuery(_))))?;
         if matches!(logical_plan, LogicalPlan::Explain(_)) {
             return self.inner.create_physical_plan(logical_plan, session).await;
@@ -196,6 +199,26 @@ impl QueryPlanner for ClientRecursion {
         }
         let plan = self.unroll(logical_plan, session).await?;
         self.plan(&plan, session).await
+    }
+}
+
+/// Refuses relational reverse mode through a loop whose step reads its
+/// work table again ([`BACKWARD_ROWS`], a loop nested in the recursive
+/// term of another, reading its history): not run by this client.
+fn refuse_backward_rows(plan: &LogicalPlan) -> Result<()> {
+    let mut found = false;
+    plan.apply_with_subqueries(|p| {
+        found |= matches!(p, LogicalPlan::RecursiveQuery(q) if q.name == BACKWARD_ROWS);
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    match found {
+        true => fail(
+            ErrorKind::NeedsPlanContext,
+            "on Ballista, relational reverse mode through a loop whose step reads its work \
+             table again (the loop run backwards, reading the forward loop's history) is not \
+             run; run the query in a local session",
+        ),
+        false => Ok(()),
     }
 }
 
