@@ -66,7 +66,7 @@ use datafusion::optimizer::AnalyzerRule;
 use super::backward_recursion::zero;
 use super::loop_tables::{over_history, row_adjoints};
 use super::recursion::{column_named, work_table_reads};
-use super::reverse_recursion::{differentiable_columns, is_differentiable};
+use super::reverse_recursion::{add, differentiable_columns, is_differentiable};
 use super::tangent_plan::Rewriter;
 use super::GradAnalyzer;
 use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
@@ -214,20 +214,7 @@ impl<'r> Step<'r> {
     /// gradients read from the columns [`lifted_value`] and its columns
     /// from `qualifier`'s (unqualified where `None`).
     fn update(&self, c: usize, qualifier: Option<&TableReference>) -> Result<Expr> {
-        let e = unalias(&self.select.expr[c]).clone();
-        let e = e
-            .transform_down(|x| {
-                if let Some(m) = self.gradients.iter().position(|g| g.marker == x) {
-                    let lifted = Column::new_unqualified(lifted_value(m));
-                    return Ok(Transformed::new(
-                        Expr::Column(lifted),
-                        true,
-                        TreeNodeRecursion::Jump,
-                    ));
-                }
-                Ok(Transformed::no(x))
-            })?
-            .data;
+        let e = lifted(unalias(&self.select.expr[c]), &self.gradients)?;
         Ok(e.transform_up(|x| match x {
             Expr::Column(c) => Ok(Transformed::yes(Expr::Column(Column::new(
                 qualifier.cloned(),
@@ -315,20 +302,7 @@ impl<'r> Step<'r> {
         let mut top = Vec::with_capacity(p.expr.len() + 2 + gradients.len());
         for e in &p.expr {
             let saved = names.save(e);
-            let lifted = e
-                .clone()
-                .transform_down(|x| {
-                    if let Some(m) = gradients.iter().position(|g| g.marker == x) {
-                        return Ok(Transformed::new(
-                            Expr::Column(Column::new_unqualified(lifted_value(m))),
-                            true,
-                            TreeNodeRecursion::Jump,
-                        ));
-                    }
-                    Ok(Transformed::no(x))
-                })?
-                .data;
-            top.push(saved.restore(lifted));
+            top.push(saved.restore(lifted(e, &gradients)?));
         }
         let iteration = Expr::Column(column_named(&below, ITERATION_COLUMN)?);
         top.push((iteration + lit(1i64)).alias(ITERATION_COLUMN));
@@ -476,7 +450,11 @@ impl<'r> Step<'r> {
                     }),
                     at(name),
                 ]);
-                adjoint = add(adjoint, hvp, stepped.schema())?;
+                adjoint = add(
+                    adjoint,
+                    hvp,
+                    self.r.static_term.schema().field(c).data_type(),
+                );
             }
             exprs.push(adjoint.alias(adjoint_column(c)));
         }
@@ -505,9 +483,9 @@ impl<'r> Step<'r> {
             let value = col(FORWARD, name);
             let value = match differentiable.iter().find(|&&c| adjoint_column(c) == *name) {
                 Some(&c) => {
-                    let z = zero(state.field(c).data_type())?;
-                    let made = coalesce(vec![col(ADJOINTS, name), z]);
-                    add(made, value, joined.schema())?
+                    let t = state.field(c).data_type();
+                    let made = coalesce(vec![col(ADJOINTS, name), zero(t)?]);
+                    add(made, value, t)
                 }
                 None => value,
             };
@@ -614,12 +592,22 @@ fn at_level(rows: &LogicalPlan, of: &LogicalPlan, level: Expr, offset: i64) -> R
     .build()
 }
 
-/// `a + b`, tensors added as tensors.
-fn add(a: Expr, b: Expr, schema: &DFSchema) -> Result<Expr> {
-    Ok(match Shape::is_tensor_type(&b.get_type(schema)?) {
-        true => tensor::call("tensor_add", vec![a, b]),
-        false => a + b,
-    })
+/// `e` with the step's relational gradients `gradients` read from the
+/// columns [`lifted_value`] that hold them.
+fn lifted(e: &Expr, gradients: &[Gradient]) -> Result<Expr> {
+    Ok(e.clone()
+        .transform_down(|x| {
+            if let Some(m) = gradients.iter().position(|g| g.marker == x) {
+                let lifted = Column::new_unqualified(lifted_value(m));
+                return Ok(Transformed::new(
+                    Expr::Column(lifted),
+                    true,
+                    TreeNodeRecursion::Jump,
+                ));
+            }
+            Ok(Transformed::no(x))
+        })?
+        .data)
 }
 
 /// The relational gradients over the work table `name` in the SELECT list
