@@ -14,6 +14,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::display::array_value_to_string;
 use datafusion::datasource::MemTable;
 use datafusion::error::Result;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable};
 use datafusion::prelude::*;
 use rand::rngs::StdRng;
@@ -126,8 +127,11 @@ async fn answer(
     groups: usize,
 ) -> Result<(BTreeMap<Vec<String>, Vec<Option<f64>>>, String)> {
     let plan = ctx.sql(sql).await?.create_physical_plan().await?;
-    let text = displayable(plan.as_ref()).indent(false).to_string();
-    let batches = collect(plan, ctx.task_ctx()).await?;
+    let batches = collect(Arc::clone(&plan), ctx.task_ctx()).await?;
+    // The plan with the metrics of the run (`gemm_rows=`).
+    let text = DisplayableExecutionPlan::with_metrics(plan.as_ref())
+        .indent(false)
+        .to_string();
     let mut rows = BTreeMap::new();
     for batch in &batches {
         for row in 0..batch.num_rows() {
@@ -187,6 +191,13 @@ async fn same_answers(
     Ok(plan)
 }
 
+/// Whether a plan run with its metrics shown added rows by the GEMM.
+fn ran_as_gemm(plan: &str) -> bool {
+    plan.split("gemm_rows=")
+        .skip(1)
+        .any(|rest| !rest.starts_with('0'))
+}
+
 /// Partial aggregates (and contractions whose groups are the probe rows')
 /// give each row as its own group after 10 rows.
 async fn skip_aggregating(ctx: &SessionContext) -> Result<()> {
@@ -234,7 +245,7 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
         ),
     ];
     let mut rng = StdRng::seed_from_u64(47);
-    let mut contracted = 0;
+    let (mut contracted, mut by_gemm) = (0, 0);
     for case in 0..30 {
         let (n, d, h) = (
             rng.random_range(1..40),
@@ -270,12 +281,15 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
                 let what = format!("case {case}, {partitions} partitions");
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
                 contracted += plan.contains("ContractionExec") as usize;
+                by_gemm += ran_as_gemm(&plan) as usize;
             }
         }
     }
     // The operator ran (more than half of the cases plan a partial
-    // aggregate over a hash join).
+    // aggregate over a hash join), and in some of the dense cases as a
+    // GEMM.
     assert!(contracted > 24 * queries.len() / 2, "{contracted}");
+    assert!(by_gemm >= 4, "{by_gemm}");
     Ok(())
 }
 

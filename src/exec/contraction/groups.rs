@@ -131,6 +131,16 @@ impl Groups {
         Some(&mut self.sums[start..end])
     }
 
+    /// Every sum laid out side by side (`probe · width + build`, one
+    /// aggregate), `None` where the groups are in the hash table or there
+    /// are several aggregates.
+    pub fn dense_sums(&mut self) -> Option<&mut [f64]> {
+        match (&self.layout, self.aggregates) {
+            (Layout::Dense { .. }, 1) => Some(&mut self.sums),
+            _ => None,
+        }
+    }
+
     /// The place of `(probe, build)` side by side, `None` where the groups
     /// are (or now go) in the hash table.
     #[inline]

@@ -17,8 +17,12 @@
 //! each listed factor straight into the sums of the groups they make (side
 //! by side where the build side has few groups, like a row of a dense
 //! product; where a key's list is one entry per build group, in order,
-//! and nothing is NULL, as one multiply-add over the row's sums). The
-//! final aggregate above merges its partial sums as before.
+//! and nothing is NULL, as one multiply-add over the row's sums; where
+//! every such list's factors are finite and there is one sum, the rows'
+//! factors are laid out as a matrix and multiplied with the build side's
+//! on the tensor kernels' GEMM: `gemm.rs`, counted as `gemm_rows` in
+//! `EXPLAIN ANALYZE`). The final aggregate above merges its partial sums
+//! as before.
 //!
 //! The answer is the join + aggregate's: a group exists only where a joined
 //! row does; NULL keys match nothing (or, under `IS NOT DISTINCT FROM`,
@@ -40,6 +44,7 @@
 //! chain: `chain.rs`). Off with `SET datafusion_grad.contraction = false`.
 
 mod chain;
+mod gemm;
 // pub for the tests in tests/unit/exec_contraction_groups.rs
 #[doc(hidden)]
 pub mod groups;
@@ -68,7 +73,7 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -82,6 +87,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::{at_join, dealt, kit};
 use crate::options::GradOptions;
 use chain::Near;
+use gemm::DenseProduct;
 use groups::{Emitted, Groups};
 use numbering::{Nulls, Numbering, NONE};
 
@@ -895,6 +901,9 @@ struct Probe {
     spec: Arc<Spec>,
     collected: Arc<Collected>,
     groups: Groups,
+    /// Where the build side is a dense matrix, the probe factors laid out
+    /// for a GEMM (`gemm.rs`).
+    dense: Option<DenseProduct>,
     numbering: Option<Numbering>,
     memory: MemoryReservation,
     /// Scratch: each probe row's key number, group number, and in a chain
@@ -978,16 +987,22 @@ impl Probe {
                 return Ok(out);
             }
         }
-        let held = self.groups.size() + self.numbering.as_ref().map_or(0, Numbering::size);
+        let held = self.groups.size()
+            + self.numbering.as_ref().map_or(0, Numbering::size)
+            + self.dense.as_ref().map_or(0, DenseProduct::size);
         match self.memory.try_resize(held) {
             Ok(()) => Ok(vec![]),
-            Err(_) if !self.groups.is_empty() => {
+            Err(e) => {
                 let out = self.emit(size)?;
-                self.memory
-                    .try_resize(self.numbering.as_ref().map_or(0, Numbering::size))?;
+                if out.is_empty() {
+                    return Err(e);
+                }
+                self.memory.try_resize(
+                    self.numbering.as_ref().map_or(0, Numbering::size)
+                        + self.dense.as_ref().map_or(0, DenseProduct::size),
+                )?;
                 Ok(out)
             }
-            Err(e) => Err(e),
         }
     }
 
@@ -1007,13 +1022,16 @@ impl Probe {
                 near.keys.find(&near_keys, &mut self.near_keys)?;
                 chain::add(&numbered, &self.near_keys, &collected.build, near, groups);
             }
-            _ => add_pairs(&numbered, &collected.build, groups),
+            _ => add_pairs(&numbered, &collected.build, self.dense.as_mut(), groups),
         }
         Ok(())
     }
 
     /// The groups met so far as batches of at most `size` rows; none left.
     fn emit(&mut self, size: usize) -> Result<Vec<RecordBatch>> {
+        if let Some(dense) = &mut self.dense {
+            dense.flush(&mut self.groups);
+        }
         if self.groups.is_empty() {
             return Ok(vec![]);
         }
@@ -1110,8 +1128,15 @@ impl Build {
     }
 }
 
-/// Adds the products of `rows` with the build entries under their keys.
-fn add_pairs(rows: &Numbered, build: &Build, groups: &mut Groups) {
+/// Adds the products of `rows` with the build entries under their keys
+/// (laying out in `dense`, where it is given, the factors of the rows whose
+/// key's list is dense).
+fn add_pairs(
+    rows: &Numbered,
+    build: &Build,
+    mut dense: Option<&mut DenseProduct>,
+    groups: &mut Groups,
+) {
     let aggregates = rows.side.factors.len();
     let checked = rows.checked(build);
     let mut probe_factors = vec![0.0; aggregates];
@@ -1123,6 +1148,12 @@ fn add_pairs(rows: &Numbered, build: &Build, groups: &mut Groups) {
         let probe_group = rows.groups[row];
         let entries = build.starts[k as usize]..build.starts[k as usize + 1];
         if !checked && build.dense[k as usize] {
+            if let Some(dense) = dense.as_deref_mut() {
+                let p = rows.factor(row, 0).unwrap_or_default();
+                if dense.take(probe_group, k, p) {
+                    continue;
+                }
+            }
             // One product per build group, in the order of the groups: the
             // row's sums side by side, each a multiply-add.
             if let Some(sums) = groups.row(probe_group) {
@@ -1319,16 +1350,23 @@ impl ExecutionPlan for ContractionExec {
         let memory = MemoryConsumer::new(format!("ContractionExec[{partition}]"))
             .register(context.memory_pool());
         let metrics = BaselineMetrics::new(&self.metrics, partition);
+        let gemm_rows = MetricBuilder::new(&self.metrics).counter("gemm_rows", partition);
         let probe_schema = self.right.schema();
         let state = async move {
             let collected = build.await.map_err(DataFusionError::Shared)?;
             let numbering = spec.probe.group_numbering(&probe_schema)?;
             let pass_after = collected.build.groups.is_none().then_some(skip);
-            let groups = Groups::new(collected.build.width(), spec.probe.factors.len());
+            let aggregates = spec.probe.factors.len();
+            let groups = Groups::new(collected.build.width(), aggregates);
+            let dense = match spec.near {
+                None => DenseProduct::of(&collected.build, aggregates, gemm_rows),
+                Some(_) => None,
+            };
             let sums = Probe {
                 spec,
                 collected,
                 groups,
+                dense,
                 numbering,
                 memory,
                 keys: vec![],

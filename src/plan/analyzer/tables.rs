@@ -106,18 +106,21 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
     }
     // Each loss joined as a one-row relation (a scalar subquery expression
     // cannot run everywhere a marker can, e.g. in UPDATE): its one row's
-    // value, or the typed error of a loss query with several rows.
+    // value, or the typed error of a loss query with several rows. The
+    // relation always has that one row (an aggregate without groups), so
+    // the rows are paired with it by a cross join that holds the loss row
+    // and streams the rows (a left join would collect every row first).
     for (k, s) in found.losses.into_iter().enumerate() {
         // Its one row's value (NULL for none, as the scalar subquery's).
         let value = sum(Expr::Column(s.subquery.schema().columns()[0].clone()));
         let loss =
             RowCheck::one_loss_row(shared_loss(&s.subquery)?, value, &Placeholder::Loss.name(k))?;
         plan = LogicalPlan::Join(Join::try_new(
-            Arc::new(plan),
             Arc::new(loss),
+            Arc::new(plan),
             vec![],
             None,
-            JoinType::Left,
+            JoinType::Inner,
             JoinConstraint::On,
             NullEquality::NullEqualsNothing,
             false,
