@@ -7,7 +7,8 @@
 //! one row at a time, [`DenseProduct`] lays the probe factors out as a
 //! matrix `P` (probe groups × keys, one row's factor per place) and adds
 //! `P · B` to the sums with the tensor kernels' blocked GEMM
-//! ([`crate::tensor::kernels::gemm`]) when the groups are emitted.
+//! ([`crate::tensor::kernels::gemm`]) when the groups are emitted. `B`
+//! is made once per build side ([`matrix`]), `P` in each partition.
 //!
 //! The answer is the row-at-a-time one, added in another order: a place of
 //! `P` holds one probe row's factor (a second row with the same group and
@@ -29,6 +30,37 @@ use super::Build;
 /// The most places of the build matrix taken (keys × build groups).
 const MAX_MATRIX: usize = 1 << 24;
 
+/// The build side `build` of `aggregates` sums as the dense matrix `B`
+/// (the factor of key `k` and build group `h` at `k · width + h`; zero
+/// rows for the keys whose lists are not dense, whose probe rows never get
+/// a place in `P`), when it is one: one aggregate, build groups, no links,
+/// a key with a dense list, and every factor of those lists finite and not
+/// NULL.
+pub(super) fn matrix(build: &Build, aggregates: usize) -> Option<Vec<f64>> {
+    let width = build.width();
+    let keys = build.keys.len();
+    let usable = aggregates == 1
+        && build.groups.is_some()
+        && build.link.is_empty()
+        && build.valid.is_empty()
+        && build.dense.iter().any(|&d| d)
+        && keys.checked_mul(width).is_some_and(|n| n <= MAX_MATRIX);
+    if !usable {
+        return None;
+    }
+    let mut matrix = vec![0.0; keys * width];
+    for (k, row) in matrix.chunks_exact_mut(width).enumerate() {
+        if build.dense[k] {
+            let factors = &build.factor[build.starts[k]..build.starts[k + 1]];
+            if !factors.iter().all(|f| f.is_finite()) {
+                return None;
+            }
+            row.copy_from_slice(factors);
+        }
+    }
+    Some(matrix)
+}
+
 /// The probe factors of a partition laid out against the dense build
 /// matrix; see the [module docs](self).
 #[derive(Debug)]
@@ -37,16 +69,11 @@ pub(super) struct DenseProduct {
     keys: usize,
     /// The number of build groups (columns of `B` and of the sums).
     width: usize,
-    /// `B`: the factor of key `k` and build group `h` at `k · width + h`;
-    /// zero rows for the keys whose lists are not dense (their probe rows
-    /// never get a place).
-    matrix: Vec<f64>,
-    /// `P`: probe group `g`'s factor for key `k` at `g · keys + k`.
+    /// `P`: probe group `g`'s factor for key `k` at `g · keys + k` (its
+    /// last row always has a filled place).
     probe: Vec<f64>,
     /// Whether each place of `P` holds a row's factor.
     filled: Vec<bool>,
-    /// Whether each probe group has a filled place.
-    rows: Vec<bool>,
     /// The places filled.
     count: usize,
     /// The probe rows added by the GEMM (`gemm_rows` in `EXPLAIN ANALYZE`).
@@ -54,38 +81,15 @@ pub(super) struct DenseProduct {
 }
 
 impl DenseProduct {
-    /// The dense build matrix of `build`, when it has one: one aggregate,
-    /// build groups, a key with a dense list, and every factor of those
-    /// lists finite and not NULL; the rows it adds counted in `added`.
-    pub(super) fn of(build: &Build, aggregates: usize, added: Count) -> Option<Self> {
-        let width = build.width();
-        let keys = build.keys.len();
-        let usable = aggregates == 1
-            && build.groups.is_some()
-            && build.link.is_empty()
-            && build.valid.is_empty()
-            && build.dense.iter().any(|&d| d)
-            && keys.checked_mul(width).is_some_and(|n| n <= MAX_MATRIX);
-        if !usable {
-            return None;
-        }
-        let mut matrix = vec![0.0; keys * width];
-        for (k, row) in matrix.chunks_exact_mut(width).enumerate() {
-            if build.dense[k] {
-                let factors = &build.factor[build.starts[k]..build.starts[k + 1]];
-                if !factors.iter().all(|f| f.is_finite()) {
-                    return None;
-                }
-                row.copy_from_slice(factors);
-            }
-        }
+    /// An empty `P` against `build`'s matrix, when it has one; the rows it
+    /// adds counted in `added`.
+    pub(super) fn of(build: &Build, added: Count) -> Option<Self> {
+        build.matrix.as_ref()?;
         Some(Self {
-            keys,
-            width,
-            matrix,
+            keys: build.keys.len(),
+            width: build.width(),
             probe: vec![],
             filled: vec![],
-            rows: vec![],
             count: 0,
             added,
         })
@@ -105,36 +109,34 @@ impl DenseProduct {
             }
             self.probe.resize(end, 0.0);
             self.filled.resize(end, false);
-            self.rows.resize(group as usize + 1, false);
         }
         if self.filled[at] {
             return false;
         }
         self.probe[at] = factor;
         self.filled[at] = true;
-        self.rows[group as usize] = true;
         self.count += 1;
         true
     }
 
     /// The bytes held, roughly (for the memory pool).
     pub(super) fn size(&self) -> usize {
-        self.matrix.capacity() * 8
-            + self.probe.capacity() * 8
-            + self.filled.capacity()
-            + self.rows.capacity()
+        self.probe.capacity() * 8 + self.filled.capacity()
     }
 
     /// Adds `P · B` to `groups` (making the groups of every probe group
-    /// with a place) and empties `P`.
-    pub(super) fn flush(&mut self, groups: &mut Groups) {
+    /// with a place), `B` the matrix of `build`, and empties `P`.
+    pub(super) fn flush(&mut self, build: &Build, groups: &mut Groups) {
+        let Some(matrix) = &build.matrix else {
+            return;
+        };
         if self.count == 0 {
             return;
         }
-        let rows = self.rows.iter().rposition(|&r| r).map_or(0, |r| r + 1);
+        let rows = self.probe.len() / self.keys;
         let mut laid_out = true;
-        for g in (0..rows).filter(|&g| self.rows[g]) {
-            if groups.row(g as u32).is_none() {
+        for (g, places) in self.filled.chunks_exact(self.keys).enumerate() {
+            if places.contains(&true) && groups.row(g as u32).is_none() {
                 laid_out = false;
                 break;
             }
@@ -144,8 +146,8 @@ impl DenseProduct {
                 rows,
                 self.width,
                 self.keys,
-                &self.probe[..rows * self.keys],
-                &self.matrix,
+                &self.probe,
+                matrix,
                 &mut sums[..rows * self.width],
                 true,
             ),
@@ -157,7 +159,7 @@ impl DenseProduct {
                         continue;
                     }
                     let (g, k) = ((at / self.keys) as u32, at % self.keys);
-                    let factors = &self.matrix[k * self.width..(k + 1) * self.width];
+                    let factors = &matrix[k * self.width..(k + 1) * self.width];
                     for (h, &b) in factors.iter().enumerate() {
                         let place = groups.place(g, h as u32);
                         groups.add(place, 0, p * b);
@@ -168,7 +170,6 @@ impl DenseProduct {
         self.added.add(self.count);
         self.probe.clear();
         self.filled.clear();
-        self.rows.clear();
         self.count = 0;
     }
 }

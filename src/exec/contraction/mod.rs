@@ -256,7 +256,10 @@ struct Build {
     /// group; never an empty list): a row of a dense matrix, whose
     /// products a probe row adds side by side.
     dense: Vec<bool>,
-    _memory: MemoryReservation,
+    /// The build side as a dense matrix for a GEMM, where it is one
+    /// ([`gemm::matrix`]); made once, for every output partition.
+    matrix: Option<Vec<f64>>,
+    memory: MemoryReservation,
 }
 
 /// The collected inputs: the build side, and in a chain the near side.
@@ -877,7 +880,7 @@ impl Build {
             true => vec![],
             false => order.iter().map(|&row| link[row]).collect(),
         };
-        Ok(Self {
+        let mut build = Self {
             keys,
             groups,
             starts,
@@ -886,8 +889,13 @@ impl Build {
             factor,
             valid,
             dense,
-            _memory: memory,
-        })
+            matrix: None,
+            memory,
+        };
+        // Without the memory for it, no matrix: the rows are added one by one.
+        build.matrix =
+            gemm::matrix(&build, aggregates).filter(|m| build.memory.try_grow(m.len() * 8).is_ok());
+        Ok(build)
     }
 
     /// How many build groups there are.
@@ -1030,7 +1038,7 @@ impl Probe {
     /// The groups met so far as batches of at most `size` rows; none left.
     fn emit(&mut self, size: usize) -> Result<Vec<RecordBatch>> {
         if let Some(dense) = &mut self.dense {
-            dense.flush(&mut self.groups);
+            dense.flush(&self.collected.build, &mut self.groups);
         }
         if self.groups.is_empty() {
             return Ok(vec![]);
@@ -1356,10 +1364,9 @@ impl ExecutionPlan for ContractionExec {
             let collected = build.await.map_err(DataFusionError::Shared)?;
             let numbering = spec.probe.group_numbering(&probe_schema)?;
             let pass_after = collected.build.groups.is_none().then_some(skip);
-            let aggregates = spec.probe.factors.len();
-            let groups = Groups::new(collected.build.width(), aggregates);
+            let groups = Groups::new(collected.build.width(), spec.probe.factors.len());
             let dense = match spec.near {
-                None => DenseProduct::of(&collected.build, aggregates, gemm_rows),
+                None => DenseProduct::of(&collected.build, gemm_rows),
                 Some(_) => None,
             };
             let sums = Probe {
