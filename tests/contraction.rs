@@ -14,6 +14,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::util::display::array_value_to_string;
 use datafusion::datasource::MemTable;
 use datafusion::error::Result;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::physical_plan::display::DisplayableExecutionPlan;
 use datafusion::physical_plan::{collect, displayable};
 use datafusion::prelude::*;
@@ -173,22 +174,31 @@ async fn same_answers(
         .collect()
         .await?;
     assert!(!plan_off.contains("ContractionExec"));
+    assert_same(&on, &off, &format!("{what}: {sql}"));
+    Ok(plan)
+}
+
+/// Asserts that `got` has `expected`'s groups and sums (to 1e-12).
+fn assert_same(
+    got: &BTreeMap<Vec<String>, Vec<Option<f64>>>,
+    expected: &BTreeMap<Vec<String>, Vec<Option<f64>>>,
+    what: &str,
+) {
     assert_eq!(
-        on.keys().collect::<Vec<_>>(),
-        off.keys().collect::<Vec<_>>(),
-        "{what}: {sql}"
+        got.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "{what}"
     );
-    for (key, sums) in &on {
-        for (a, b) in sums.iter().zip(&off[key]) {
+    for (key, sums) in got {
+        for (a, b) in sums.iter().zip(&expected[key]) {
             let same = match (a, b) {
                 (Some(a), Some(b)) => (a - b).abs() <= 1e-12 * (1.0 + b.abs()),
                 (None, None) => true,
                 _ => false,
             };
-            assert!(same, "{what}, {key:?}: {a:?} vs {b:?}: {sql}");
+            assert!(same, "{what}, {key:?}: {a:?} vs {b:?}");
         }
     }
-    Ok(plan)
 }
 
 /// Whether a plan run with its metrics shown added rows by the GEMM.
@@ -245,7 +255,7 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
         ),
     ];
     let mut rng = StdRng::seed_from_u64(47);
-    let (mut contracted, mut by_gemm) = (0, 0);
+    let (mut contracted, mut by_gemm, mut finals) = (0, 0, 0);
     for case in 0..30 {
         let (n, d, h) = (
             rng.random_range(1..40),
@@ -282,14 +292,18 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
                 contracted += plan.contains("ContractionExec") as usize;
                 by_gemm += ran_as_gemm(&plan) as usize;
+                finals += plan.contains("mode=Final") as usize;
             }
         }
     }
     // The operator ran (more than half of the cases plan a partial
-    // aggregate over a hash join), and in some of the dense cases as a
-    // GEMM.
+    // aggregate over a hash join), in some of the dense cases as a GEMM,
+    // and in final mode where the probe side gives group columns (the
+    // first, third and fourth queries, where DataFusion plans a final
+    // aggregate).
     assert!(contracted > 24 * queries.len() / 2, "{contracted}");
     assert!(by_gemm >= 4, "{by_gemm}");
+    assert!(finals > 24, "{finals}");
     Ok(())
 }
 
@@ -327,7 +341,7 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
         ),
     ];
     let mut rng = StdRng::seed_from_u64(4700);
-    let (mut chained, mut cases) = (0, 0);
+    let (mut chained, mut cases, mut finals) = (0, 0, 0);
     for case in 0..24 {
         let (users, items, k) = (
             rng.random_range(1..30),
@@ -382,11 +396,14 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
                 let what = format!("case {case}, {partitions} partitions");
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
                 chained += plan.contains("links=") as usize;
+                finals += plan.contains("mode=Final") as usize;
                 cases += 1;
             }
         }
     }
     assert_eq!(chained, cases);
+    // chains in final mode too (the ratings hashed by their group columns)
+    assert!(finals > cases / 2, "{finals} of {cases}");
     Ok(())
 }
 
@@ -858,3 +875,47 @@ async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
     }
     Ok(())
 }
+
+/// Final sums that outgrow a memory pool: the contraction in final mode
+/// gives the groups so far, and the rest's, as partial sums to DataFusion's
+/// final aggregate (`merged_rows=` in the plan's metrics), which spills —
+/// the join + aggregate's answer without a limit, every group once.
+#[tokio::test]
+async fn final_sums_under_memory_pressure_are_merged() -> Result<()> {
+    let mut rng = StdRng::seed_from_u64(4748);
+    let x = relation(&mut rng, 60_000, Keys::Sparse(30_000), Keys::Dense(8), 0.0);
+    let w = full(&mut rng, Keys::Dense(8), Keys::Dense(20), 0);
+    let sql = "SELECT x.a, w.b, sum(x.v * w.v) FROM x JOIN w ON x.b = w.a GROUP BY x.a, w.b";
+    let config = || SessionConfig::new().with_target_partitions(2);
+    let ctx = datafusion_grad::session_context_with_config(config());
+    for (name, batch) in [("x", &x), ("w", &w)] {
+        register_halves(&ctx, name, batch)?;
+    }
+    ctx.sql("SET datafusion_grad.contraction = false")
+        .await?
+        .collect()
+        .await?;
+    let (expected, _) = answer(&ctx, sql, 2).await?;
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(MEMORY_LIMIT, 1.0)
+        .build_arc()?;
+    let ctx = SessionContext::new_with_config_rt(config(), runtime);
+    datafusion_grad::register(&ctx);
+    for (name, batch) in [("x", &x), ("w", &w)] {
+        register_halves(&ctx, name, batch)?;
+    }
+    let (got, plan) = answer(&ctx, sql, 2).await?;
+    assert!(plan.contains("mode=Final"), "{plan}");
+    let merged = plan
+        .split("merged_rows=")
+        .skip(1)
+        .any(|rest| !rest.starts_with('0'));
+    assert!(merged, "{plan}");
+    assert_same(&got, &expected, sql);
+    Ok(())
+}
+
+/// The memory pool of [`final_sums_under_memory_pressure_are_merged`]:
+/// smaller than its 600,000 groups' sums, enough for the final aggregate
+/// to spill them.
+const MEMORY_LIMIT: usize = 10 << 20;

@@ -54,7 +54,7 @@ use super::{
 
 /// A chain's near side and how it meets the other two (see the [module
 /// docs](self)).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Near {
     /// The near side's keys of the inner join and its factors (it gives
     /// no group column).
@@ -275,6 +275,7 @@ fn linked(pair: &ContractionExec, wanted: &Partitioning) -> Result<Option<Contra
         nulls: spec.nulls,
         schema: Arc::clone(&spec.schema),
         near: Some(chain),
+        merged: None,
     };
     Ok(Some(ContractionExec::new(
         Arc::new(spec),

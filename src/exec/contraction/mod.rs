@@ -22,7 +22,10 @@
 //! factors are laid out as a matrix and multiplied with the build side's
 //! on the tensor kernels' GEMM: `gemm.rs`, counted as `gemm_rows` in
 //! `EXPLAIN ANALYZE`). The final aggregate above merges its partial sums
-//! as before.
+//! as before, or, where the probe side gives group columns, the operator
+//! replaces it too: its probe rows hashed by those columns, each group is
+//! summed in one partition, and its sums are final (`mode=Final` in
+//! `EXPLAIN`; `merged.rs`).
 //!
 //! The answer is the join + aggregate's: a group exists only where a joined
 //! row does; NULL keys match nothing (or, under `IS NOT DISTINCT FROM`,
@@ -35,16 +38,18 @@
 //! product whose factors each read one side (or none) — and anything else
 //! (a `FILTER`, `DISTINCT`, float or decimal keys, another aggregate) stays
 //! the join + aggregate. Under memory pressure the operator emits its
-//! partial sums early, as DataFusion's partial aggregate does; where the
-//! groups are nearly the probe rows (DataFusion's
+//! partial sums early, as DataFusion's partial aggregate does (in final
+//! mode, to a final aggregate of DataFusion's that merges them with the
+//! rest's); where the groups are nearly the probe rows (DataFusion's
 //! `skip_partial_aggregation_probe_*` settings) and the build side gives
 //! no group column, it gives each probe row's sums as its own group, for
-//! the final aggregate to merge. Where the probe rows are themselves an
+//! the final aggregate to merge (not in final mode). Where the probe rows are themselves an
 //! inner join, the operator may take that join's inputs instead (a
 //! chain: `chain.rs`). Off with `SET datafusion_grad.contraction = false`.
 
 mod chain;
 mod gemm;
+mod merged;
 // pub for the tests in tests/unit/exec_contraction_groups.rs
 #[doc(hidden)]
 pub mod groups;
@@ -73,7 +78,9 @@ use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
+};
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -82,6 +89,7 @@ use datafusion::physical_plan::{
     InputDistributionRequirements, Partitioning, PlanProperties, SendableRecordBatchStream,
 };
 use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use super::{at_join, dealt, kit};
@@ -108,13 +116,15 @@ impl PhysicalOptimizerRule for Contraction {
         if !enabled {
             return Ok(plan);
         }
-        plan.transform_up(|node| {
-            Ok(match ContractionExec::try_from_plan(&node)? {
-                Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
-                None => Transformed::no(node),
+        let plan = plan
+            .transform_up(|node| {
+                Ok(match ContractionExec::try_from_plan(&node)? {
+                    Some(exec) => Transformed::yes(Arc::new(exec) as Arc<dyn ExecutionPlan>),
+                    None => Transformed::no(node),
+                })
             })
-        })
-        .data()
+            .data()?;
+        merged::finals(plan)
     }
 
     fn name(&self) -> &str {
@@ -217,9 +227,10 @@ struct Evaluated {
 
 /// What every partition of a [`ContractionExec`] computes, apart from its
 /// inputs.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Spec {
-    /// The partial aggregate it replaces, down to the join.
+    /// The partial aggregate it replaces, down to the join (in final mode,
+    /// the final aggregate over it).
     replaced: Arc<dyn ExecutionPlan>,
     build: Part,
     probe: Part,
@@ -229,9 +240,23 @@ struct Spec {
     /// Whether NULL join keys match each other (`IS NOT DISTINCT FROM`)
     /// or nothing.
     nulls: Nulls,
+    /// The partial sums' schema: the group columns, then each sum.
     schema: SchemaRef,
     /// A chain's third input, the near side (`None`: two inputs).
     near: Option<Near>,
+    /// In final mode, the final aggregate it replaces too (`None`: it
+    /// gives partial sums).
+    merged: Option<merged::Merged>,
+}
+
+impl Spec {
+    /// The schema of the operator's output.
+    fn output_schema(&self) -> &SchemaRef {
+        match &self.merged {
+            Some(m) => &m.schema,
+            None => &self.schema,
+        }
+    }
 }
 
 /// The build side, listed under its keys.
@@ -419,6 +444,7 @@ impl ContractionExec {
             nulls: nulls(join.null_equality()),
             schema,
             near: None,
+            merged: None,
         };
         Ok(Some(Self::new(
             Arc::new(spec),
@@ -460,8 +486,21 @@ impl ContractionExec {
     /// `inputs`.
     pub fn from_replaced(
         replaced: Arc<dyn ExecutionPlan>,
-        inputs: Vec<Arc<dyn ExecutionPlan>>,
+        mut inputs: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Self> {
+        if merged::is_final(&replaced) {
+            // The probe rows as the partial sums had them (a chain checks
+            // that its partitioning is kept): hashed by their group columns
+            // again below.
+            if let Some(probe) = inputs.pop() {
+                inputs.push(unrepartitioned(&probe));
+            }
+            let plan = at_joins(replaced, inputs)?;
+            return match merged::finalized(&plan)? {
+                Some(exec) => Ok(exec),
+                None => internal_err!("not a contraction's final sums: {}", plan.name()),
+            };
+        }
         let plan = at_joins(replaced, inputs)?;
         match Self::try_from_plan(&plan)? {
             Some(exec) => Ok(exec),
@@ -926,6 +965,17 @@ struct Probe {
     rows_seen: usize,
     /// Whether each row is now given as its own group.
     passing: bool,
+    /// Whether the sums are final (in final mode, until they turn
+    /// partial).
+    finals: bool,
+    /// Whether final sums have just turned partial (they outgrew their
+    /// memory, or nearly every row is its own group): the groups so far
+    /// were given as partial sums, and so will the rest, for a final
+    /// aggregate to merge.
+    turned_partial: bool,
+    /// In final mode, the metric of the partial sums merged so
+    /// (`merged_rows` in `EXPLAIN ANALYZE`).
+    merged_rows: Option<Count>,
     /// Probe batches not yet added (small batches are added together).
     pending: Vec<RecordBatch>,
     pending_rows: usize,
@@ -987,7 +1037,10 @@ impl Probe {
                 // Nearly a group per row: the groups so far, and from now
                 // on each row's sums as they come (as DataFusion's partial
                 // aggregate skips aggregating such rows); the final
-                // aggregate merges them.
+                // aggregate merges them (in final mode, one of DataFusion's
+                // over this partition's).
+                self.turned_partial = self.finals;
+                self.finals = false;
                 let out = self.emit(size)?;
                 self.passing = true;
                 self.numbering = None;
@@ -1001,6 +1054,9 @@ impl Probe {
         match self.memory.try_resize(held) {
             Ok(()) => Ok(vec![]),
             Err(e) => {
+                // Final sums can't be given early: partial from here on.
+                self.turned_partial = self.finals;
+                self.finals = false;
                 let out = self.emit(size)?;
                 if out.is_empty() {
                     return Err(e);
@@ -1075,10 +1131,119 @@ impl Probe {
             columns.push(take(values[at].as_ref(), numbers, None)?);
         }
         columns.extend(emitted.sums.into_iter().map(|s| Arc::new(s) as ArrayRef));
-        Ok(RecordBatch::try_new(
-            Arc::clone(&self.spec.schema),
-            columns,
-        )?)
+        let schema = match self.finals {
+            true => self.spec.output_schema(),
+            false => &self.spec.schema,
+        };
+        Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+    }
+}
+
+/// What one partition of a [`ContractionExec`] is at: summing its probe
+/// rows (`None`: they have ended) and giving the batches `out` (last
+/// first), or in final mode, after its sums outgrew their memory, giving
+/// what a final aggregate merged.
+enum Stage {
+    Summing {
+        input: Option<SendableRecordBatchStream>,
+        sums: Box<Probe>,
+        out: Vec<RecordBatch>,
+    },
+    Merging(SendableRecordBatchStream),
+}
+
+/// The output of one partition: `input`'s rows summed by `sums`, the groups
+/// given at the end (or early, as partial sums, under memory pressure; in
+/// final mode, those and the rest's partial sums merged by DataFusion's
+/// final aggregate, which spills where it can).
+fn summed(
+    input: SendableRecordBatchStream,
+    sums: Probe,
+    metrics: BaselineMetrics,
+    size: usize,
+    context: Arc<TaskContext>,
+) -> BoxStream<'static, Result<RecordBatch>> {
+    let start = Stage::Summing {
+        input: Some(input),
+        sums: Box::new(sums),
+        out: vec![],
+    };
+    futures::stream::try_unfold((start, metrics), move |(mut stage, metrics)| {
+        let context = Arc::clone(&context);
+        async move {
+            loop {
+                let (input, sums, out) = match &mut stage {
+                    Stage::Merging(merged) => {
+                        return match merged.next().await {
+                            Some(batch) => {
+                                let batch = batch?;
+                                metrics.record_output(batch.num_rows());
+                                Ok(Some((batch, (stage, metrics))))
+                            }
+                            None => {
+                                metrics.done();
+                                Ok(None)
+                            }
+                        };
+                    }
+                    Stage::Summing { input, sums, out } => (input, sums, out),
+                };
+                if let Some(batch) = out.pop() {
+                    metrics.record_output(batch.num_rows());
+                    return Ok(Some((batch, (stage, metrics))));
+                }
+                let Some(stream) = input.as_mut() else {
+                    metrics.done();
+                    return Ok(None);
+                };
+                let next = stream.next().await;
+                let timer = metrics.elapsed_compute().timer();
+                match next {
+                    Some(batch) => *out = sums.push(batch?, size)?,
+                    None => {
+                        *input = None;
+                        *out = sums.flush(size)?;
+                        out.extend(sums.emit(size)?);
+                    }
+                }
+                timer.done();
+                out.reverse();
+                if std::mem::take(&mut sums.turned_partial) {
+                    let Stage::Summing { input, sums, out } = stage else {
+                        unreachable!("summing")
+                    };
+                    let spec = Arc::clone(&sums.spec);
+                    let counted = sums.merged_rows.clone();
+                    let rest = Stage::Summing { input, sums, out };
+                    let mut partial = summed_from(rest, size, Arc::clone(&context));
+                    if let Some(count) = counted {
+                        partial = partial.inspect_ok(move |b| count.add(b.num_rows())).boxed();
+                    }
+                    stage = Stage::Merging(merged::merge(&spec, partial, &context)?);
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// [`summed`] from `stage` on, its metrics not recorded (the partial sums
+/// a final aggregate merges).
+fn summed_from(
+    stage: Stage,
+    size: usize,
+    context: Arc<TaskContext>,
+) -> BoxStream<'static, Result<RecordBatch>> {
+    let Stage::Summing { input, sums, out } = stage else {
+        unreachable!("summing")
+    };
+    let metrics = BaselineMetrics::new(&ExecutionPlanMetricsSet::new(), 0);
+    let given = futures::stream::iter(out.into_iter().rev().map(Ok));
+    match input {
+        Some(input) => given
+            .chain(summed(input, *sums, metrics, size, context))
+            .boxed(),
+        None => given.boxed(),
     }
 }
 
@@ -1229,13 +1394,17 @@ impl DisplayAs for ContractionExec {
             .zip(&self.spec.probe.keys)
             .map(|(b, p)| format!("({b}, {p})"))
             .collect();
-        let fields = self.spec.schema.fields();
+        let fields = self.spec.output_schema().fields();
         let groups = self.spec.group_order.len();
         let group_names: Vec<&str> = fields[..groups].iter().map(|f| f.name().as_str()).collect();
         let sums: Vec<&str> = fields[groups..].iter().map(|f| f.name().as_str()).collect();
+        let mode = match self.spec.merged {
+            Some(_) => "mode=Final, ",
+            None => "",
+        };
         write!(
             f,
-            "ContractionExec: gby=[{}], aggr=[{}], on=[{}]",
+            "ContractionExec: {mode}gby=[{}], aggr=[{}], on=[{}]",
             group_names.join(", "),
             sums.join(", "),
             on.join(", "),
@@ -1305,10 +1474,14 @@ impl ExecutionPlan for ContractionExec {
         children
     }
 
-    /// The collected sides in one partition, the probe side as it comes.
+    /// The collected sides in one partition, the probe side as it comes (in
+    /// final mode, hashed by its group columns).
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
         let mut per_child = vec![Distribution::SinglePartition; self.children().len() - 1];
-        per_child.push(Distribution::UnspecifiedDistribution);
+        per_child.push(match self.spec.merged {
+            Some(_) => Distribution::KeyPartitioned(self.spec.probe.groups.clone()),
+            None => Distribution::UnspecifiedDistribution,
+        });
         InputDistributionRequirements::new(per_child)
     }
 
@@ -1359,10 +1532,14 @@ impl ExecutionPlan for ContractionExec {
             .register(context.memory_pool());
         let metrics = BaselineMetrics::new(&self.metrics, partition);
         let gemm_rows = MetricBuilder::new(&self.metrics).counter("gemm_rows", partition);
+        let merged_rows = (self.spec.merged.as_ref())
+            .map(|_| MetricBuilder::new(&self.metrics).counter("merged_rows", partition));
         let probe_schema = self.right.schema();
+        let schema = Arc::clone(self.spec.output_schema());
         let state = async move {
             let collected = build.await.map_err(DataFusionError::Shared)?;
             let numbering = spec.probe.group_numbering(&probe_schema)?;
+            let finals = spec.merged.is_some();
             let pass_after = collected.build.groups.is_none().then_some(skip);
             let groups = Groups::new(collected.build.width(), spec.probe.factors.len());
             let dense = match spec.near {
@@ -1382,49 +1559,15 @@ impl ExecutionPlan for ContractionExec {
                 pass_after,
                 rows_seen: 0,
                 passing: false,
+                finals,
+                turned_partial: false,
+                merged_rows,
                 pending: vec![],
                 pending_rows: 0,
             };
-            // The probe input (`None` once it has ended), the sums, the
-            // batches to give before reading on.
-            Ok::<_, DataFusionError>((Some(probe), sums, Vec::<RecordBatch>::new(), metrics))
+            Ok::<_, DataFusionError>(summed(probe, sums, metrics, size, context))
         };
-        let stream = futures::stream::once(state)
-            .map_ok(move |start| {
-                futures::stream::try_unfold(
-                    start,
-                    move |(mut input, mut sums, mut out, metrics)| async move {
-                        loop {
-                            if let Some(batch) = out.pop() {
-                                metrics.record_output(batch.num_rows());
-                                return Ok(Some((batch, (input, sums, out, metrics))));
-                            }
-                            let Some(stream) = input.as_mut() else {
-                                metrics.done();
-                                return Ok(None);
-                            };
-                            match stream.next().await {
-                                Some(batch) => {
-                                    let timer = metrics.elapsed_compute().timer();
-                                    out = sums.push(batch?, size)?;
-                                    timer.done();
-                                    out.reverse();
-                                }
-                                None => {
-                                    input = None;
-                                    out = sums.flush(size)?;
-                                    out.extend(sums.emit(size)?);
-                                    out.reverse();
-                                }
-                            }
-                        }
-                    },
-                )
-            })
-            .try_flatten();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.spec.schema),
-            stream,
-        )))
+        let stream = futures::stream::once(state).try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
 }

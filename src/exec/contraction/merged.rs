@@ -1,0 +1,294 @@
+//! Final mode: a contraction that gives the final sums, in place of its
+//! partial sums and the final aggregate that merges them.
+//!
+//! A contraction's probe rows are dealt over the partitions as they come,
+//! so a group's products may be summed in every partition, and
+//! DataFusion's final aggregate above hashes the partial sums by their
+//! group columns and merges them (for `∂/∂X` of a matrix product, 1.6M
+//! partial rows into 800,000 groups). A group's products all come from
+//! probe rows with its values of the probe side's group columns: where the
+//! probe rows are hashed by those columns instead, each group is summed in
+//! one partition and its sum there is final. [`finals`] makes such a
+//! [`ContractionExec`] of each `FinalPartitioned` aggregate right above a
+//! contraction's hash repartition (the partial sums' groups reading the
+//! probe side), and keeps what the plan above relied on: where an operator
+//! required the aggregate's rows hashed by columns the contraction's
+//! partitioning does not give, they are hashed again as they were. Under
+//! memory pressure, or where nearly every probe row is its own group (as
+//! in partial mode, DataFusion's `skip_partial_aggregation_probe_*`
+//! settings), the sums so far are given as partial sums, and so are the
+//! rest, to a final aggregate of DataFusion's over the partition (which
+//! spills where it can): the same answer as before, never an early final
+//! sum.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use datafusion::arrow::array::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::common::internal_err;
+use datafusion::error::Result;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::execution_plan::{
+    replace_children_if_necessary, Boundedness, EmissionType,
+};
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{
+    Distribution, ExecutionPlan, ExecutionPlanProperties, InputOrderMode, Partitioning,
+    PlanProperties, SendableRecordBatchStream,
+};
+use futures::stream::BoxStream;
+
+use super::{at_joins, float_sum, unrepartitioned, ContractionExec, Side, Spec};
+
+/// The final aggregate a [`ContractionExec`] in final mode replaces too.
+#[derive(Debug, Clone)]
+pub(super) struct Merged {
+    /// The final aggregate, over the partial sums' repartition.
+    aggregate: Arc<dyn ExecutionPlan>,
+    /// Its output: the group columns, then each sum.
+    pub(super) schema: SchemaRef,
+}
+
+/// `plan` with each `FinalPartitioned` aggregate of a contraction's partial
+/// sums replaced by the contraction in final mode (see the [module
+/// docs](self)), the rows hashed again where an operator above required
+/// the aggregate's partitioning.
+pub(super) fn finals(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    // A subplan reached by several paths (a shared input) is rebuilt once.
+    rebuilt(&plan, &mut HashMap::new())
+}
+
+/// [`finals`]' table of the nodes rebuilt, by address.
+type Done = HashMap<*const (), Arc<dyn ExecutionPlan>>;
+
+/// `plan` with its finals replaced (see [`finals`]), itself too.
+fn rebuilt(plan: &Arc<dyn ExecutionPlan>, done: &mut Done) -> Result<Arc<dyn ExecutionPlan>> {
+    let key = Arc::as_ptr(plan) as *const ();
+    if let Some(plan) = done.get(&key) {
+        return Ok(Arc::clone(plan));
+    }
+    let children = plan.children();
+    let required = plan.input_distribution_requirements().into_per_child();
+    let mut changed = false;
+    let mut new_children = Vec::with_capacity(children.len());
+    for (i, child) in children.into_iter().enumerate() {
+        let mut new = rebuilt(child, done)?;
+        if !Arc::ptr_eq(&new, child) {
+            changed = true;
+            let required = required
+                .get(i)
+                .unwrap_or(&Distribution::UnspecifiedDistribution);
+            if gives(child, required) && !gives(&new, required) {
+                // Hashed again as the node had them.
+                let was = child.output_partitioning();
+                if !matches!(was, Partitioning::Hash(..)) {
+                    return internal_err!("a contraction's final sums, partitioned as {was}");
+                }
+                new = Arc::new(RepartitionExec::try_new(new, was.clone())?);
+            }
+        }
+        new_children.push(new);
+    }
+    let mut new = match changed {
+        true => replace_children_if_necessary(Arc::clone(plan), new_children)?,
+        false => Arc::clone(plan),
+    };
+    if let Some(exec) = finalized(&new)? {
+        new = Arc::new(exec);
+    }
+    done.insert(key, Arc::clone(&new));
+    Ok(new)
+}
+
+/// Whether `plan`'s rows are partitioned exactly as `required` (hashed by
+/// some of the keys is not enough for a join, whose other input is hashed
+/// by all of them).
+fn gives(plan: &Arc<dyn ExecutionPlan>, required: &Distribution) -> bool {
+    (plan.output_partitioning())
+        .satisfaction(required, plan.equivalence_properties(), false)
+        .is_satisfied()
+}
+
+/// Whether `plan` is a final aggregate (what a contraction in final mode
+/// replaces).
+pub(super) fn is_final(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    matches!(plan.downcast_ref::<AggregateExec>(), Some(a) if *a.mode() == AggregateMode::FinalPartitioned)
+}
+
+/// The contraction in final mode that replaces `plan`, where it is a
+/// `FinalPartitioned` aggregate of sums right above a hash repartition of
+/// a contraction's partial sums (or of the partial aggregate a contraction
+/// replaces), whose probe side gives group columns.
+pub(super) fn finalized(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<ContractionExec>> {
+    let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else {
+        return Ok(None);
+    };
+    let group_by = aggregate.group_expr();
+    let plain = *aggregate.mode() == AggregateMode::FinalPartitioned
+        && group_by.is_single()
+        && aggregate.filter_expr().iter().all(Option::is_none)
+        && aggregate.limit_options().is_none()
+        && *aggregate.input_order_mode() == InputOrderMode::Linear
+        && aggregate.aggr_expr().iter().all(|a| float_sum(a));
+    if !plain {
+        return Ok(None);
+    }
+    let Some(repartition) = aggregate.input().downcast_ref::<RepartitionExec>() else {
+        return Ok(None);
+    };
+    if !matches!(repartition.partitioning(), Partitioning::Hash(..)) || repartition.preserve_order()
+    {
+        return Ok(None);
+    }
+    let below = repartition.input();
+    let partial = match below.downcast_ref::<ContractionExec>() {
+        Some(c) if c.spec.merged.is_none() => ContractionExec::new(
+            Arc::clone(&c.spec),
+            Arc::clone(&c.left),
+            c.near.clone(),
+            Arc::clone(&c.right),
+            Arc::clone(&c.properties),
+        ),
+        Some(_) => return Ok(None),
+        None => match ContractionExec::try_from_plan(below)? {
+            Some(c) => c,
+            None => return Ok(None),
+        },
+    };
+    let spec = &partial.spec;
+    // The final aggregate's groups are the partial sums' group columns in
+    // their order, its sums theirs.
+    let groups = spec.group_order.len();
+    let same_groups = group_by.expr().len() == groups
+        && (group_by.expr().iter().enumerate())
+            .all(|(i, (e, _))| matches!(e.downcast_ref::<Column>(), Some(c) if c.index() == i));
+    let sums = spec.schema.fields().len() - groups;
+    if !same_groups || aggregate.aggr_expr().len() != sums || spec.probe.groups.is_empty() {
+        return Ok(None);
+    }
+    // The probe rows hashed by the probe side's group columns.
+    let partitions = aggregate.properties().partitioning.partition_count();
+    let hashed = Partitioning::Hash(spec.probe.groups.clone(), partitions);
+    let right = match partial.right.output_partitioning() == &hashed {
+        true => Arc::clone(&partial.right),
+        false => Arc::new(RepartitionExec::try_new(
+            unrepartitioned(&partial.right),
+            hashed,
+        )?) as Arc<dyn ExecutionPlan>,
+    };
+    let mut inputs = vec![Arc::clone(&partial.left)];
+    inputs.extend(partial.near.clone());
+    inputs.push(Arc::clone(&right));
+    let partial_plan = at_joins(Arc::clone(&spec.replaced), inputs)?;
+    let repartition =
+        replace_children_if_necessary(Arc::clone(aggregate.input()), vec![partial_plan])?;
+    let replaced = replace_children_if_necessary(Arc::clone(plan), vec![repartition])?;
+    // The output hashed by the probe side's group columns, as they are
+    // named there.
+    let schema = aggregate.schema();
+    let partitioned_by = (0..spec.probe.groups.len())
+        .map(|i| {
+            let at = (spec.group_order.iter())
+                .position(|&place| place == (Side::Probe, i))
+                .expect("each probe group column is an output column");
+            Arc::new(Column::new(schema.field(at).name(), at)) as Arc<dyn PhysicalExpr>
+        })
+        .collect();
+    let properties = PlanProperties::new(
+        EquivalenceProperties::new(Arc::clone(&schema)),
+        Partitioning::Hash(partitioned_by, partitions),
+        EmissionType::Final,
+        Boundedness::Bounded,
+    );
+    let mut spec = (**spec).clone();
+    spec.replaced = replaced;
+    spec.merged = Some(Merged {
+        aggregate: Arc::clone(plan),
+        schema,
+    });
+    Ok(Some(ContractionExec::new(
+        Arc::new(spec),
+        Arc::clone(&partial.left),
+        partial.near.clone(),
+        right,
+        Arc::new(properties),
+    )))
+}
+
+/// The final aggregate `spec` replaces, over the partial sums `partial` (of
+/// one partition, whose groups no other partition has), as a stream.
+pub(super) fn merge(
+    spec: &Spec,
+    partial: BoxStream<'static, Result<RecordBatch>>,
+    context: &Arc<TaskContext>,
+) -> Result<SendableRecordBatchStream> {
+    let Some(aggregate) =
+        (spec.merged.as_ref()).and_then(|m| m.aggregate.downcast_ref::<AggregateExec>())
+    else {
+        return internal_err!("a contraction's partial sums merged without its final aggregate");
+    };
+    let given = Once {
+        schema: Arc::clone(&spec.schema),
+        stream: Mutex::new(Some(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&spec.schema),
+            partial,
+        )))),
+    };
+    let input = StreamingTableExec::try_new(
+        Arc::clone(&spec.schema),
+        vec![Arc::new(given)],
+        None,
+        vec![],
+        false,
+        None,
+    )?;
+    let merged = AggregateExec::try_new(
+        AggregateMode::Final,
+        aggregate.group_expr().clone(),
+        aggregate.aggr_expr().to_vec(),
+        aggregate.filter_expr().to_vec(),
+        Arc::new(input),
+        aggregate.input_schema(),
+    )?;
+    merged.execute(0, Arc::clone(context))
+}
+
+/// A stream given once, as the one partition of a [`StreamingTableExec`].
+struct Once {
+    schema: SchemaRef,
+    stream: Mutex<Option<SendableRecordBatchStream>>,
+}
+
+impl fmt::Debug for Once {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("Once")
+            .field("schema", &self.schema)
+            .finish()
+    }
+}
+
+impl PartitionStream for Once {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let taken = self.stream.lock().expect("stream lock").take();
+        taken.unwrap_or_else(|| {
+            let failed = futures::stream::once(async {
+                internal_err!("a contraction's partial sums read twice")
+            });
+            Box::pin(RecordBatchStreamAdapter::new(
+                Arc::clone(&self.schema),
+                failed,
+            ))
+        })
+    }
+}
