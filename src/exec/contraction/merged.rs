@@ -77,27 +77,43 @@ fn rebuilt(plan: &Arc<dyn ExecutionPlan>, done: &mut Done) -> Result<Arc<dyn Exe
     let children = plan.children();
     let required = plan.input_distribution_requirements().into_per_child();
     let mut changed = false;
-    let mut new_children = Vec::with_capacity(children.len());
+    // The new children; the same, each hashed again as the node had it
+    // where its partitioning changed.
+    let (mut new_children, mut as_they_were) = (vec![], vec![]);
     for (i, child) in children.into_iter().enumerate() {
-        let mut new = rebuilt(child, done)?;
-        if !Arc::ptr_eq(&new, child) {
-            changed = true;
-            let required = required
-                .get(i)
-                .unwrap_or(&Distribution::UnspecifiedDistribution);
-            if gives(child, required) && !gives(&new, required) {
-                // Hashed again as the node had them.
-                let was = child.output_partitioning();
-                if !matches!(was, Partitioning::Hash(..)) {
-                    return internal_err!("a contraction's final sums, partitioned as {was}");
-                }
-                new = Arc::new(RepartitionExec::try_new(new, was.clone())?);
-            }
+        let new = rebuilt(child, done)?;
+        if Arc::ptr_eq(&new, child) {
+            new_children.push(Arc::clone(&new));
+            as_they_were.push(new);
+            continue;
         }
-        new_children.push(new);
+        changed = true;
+        let was = child.output_partitioning();
+        let again = match was {
+            Partitioning::Hash(..) if new.output_partitioning() != was => {
+                Arc::new(RepartitionExec::try_new(Arc::clone(&new), was.clone())?)
+            }
+            _ => Arc::clone(&new),
+        };
+        let required = (required.get(i)).unwrap_or(&Distribution::UnspecifiedDistribution);
+        if gives(child, required) && !gives(&new, required) {
+            if !matches!(was, Partitioning::Hash(..)) {
+                return internal_err!("a contraction's final sums, partitioned as {was}");
+            }
+            new_children.push(Arc::clone(&again));
+        } else {
+            new_children.push(new);
+        }
+        as_they_were.push(again);
     }
     let mut new = match changed {
-        true => replace_children_if_necessary(Arc::clone(plan), new_children)?,
+        true => match replace_children_if_necessary(Arc::clone(plan), new_children) {
+            Ok(new) => new,
+            // A node that needs its children partitioned alike and says so
+            // only when it is made (an interleaving union): each hashed
+            // again as it was.
+            Err(_) => replace_children_if_necessary(Arc::clone(plan), as_they_were)?,
+        },
         false => Arc::clone(plan),
     };
     if let Some(exec) = finalized(&new)? {
