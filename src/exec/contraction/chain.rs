@@ -286,10 +286,14 @@ fn linked(pair: &ContractionExec, wanted: &Partitioning) -> Result<Option<Contra
     )))
 }
 
-/// `pair` with its join's inputs swapped, as a chain, where its build side
-/// is an inner join and its probe side is not (DataFusion collects the
-/// smaller side, and a chain's probe rows are those of the join's probe
-/// side, whatever their number).
+/// `pair` with its join's inputs swapped, where its build side is an inner
+/// join and its probe side is not: as a chain where it makes one (a
+/// chain's probe rows are those of the join's probe side, whatever their
+/// number), else as a pair that lists the other side and streams the
+/// join's rows. DataFusion collects the side it estimates smaller and has
+/// no estimate of a join's rows; a join's rows grow with its inputs (a
+/// factorization's ratings with their adjoints, against an item's
+/// factors).
 pub(super) fn swapped(pair: &ContractionExec) -> Result<Option<ContractionExec>> {
     if pair.spec.near.is_some() || joined(&pair.right) || !joined(&pair.left) {
         return Ok(None);
@@ -320,7 +324,9 @@ pub(super) fn swapped(pair: &ContractionExec) -> Result<Option<ContractionExec>>
         })
         .data()?;
     match ContractionExec::pair(&plan)? {
-        Some(turned) => chained(&turned, &pair.properties.partitioning),
+        Some(turned) => Ok(Some(
+            chained(&turned, &pair.properties.partitioning)?.unwrap_or(turned),
+        )),
         None => Ok(None),
     }
 }

@@ -1039,9 +1039,7 @@ impl Probe {
                 // aggregate skips aggregating such rows); the final
                 // aggregate merges them (in final mode, one of DataFusion's
                 // over this partition's).
-                self.turned_partial = self.finals;
-                self.finals = false;
-                let out = self.emit(size)?;
+                let out = self.turn_partial(size)?;
                 self.passing = true;
                 self.numbering = None;
                 self.memory.try_resize(0)?;
@@ -1055,9 +1053,7 @@ impl Probe {
             Ok(()) => Ok(vec![]),
             Err(e) => {
                 // Final sums can't be given early: partial from here on.
-                self.turned_partial = self.finals;
-                self.finals = false;
-                let out = self.emit(size)?;
+                let out = self.turn_partial(size)?;
                 if out.is_empty() {
                     return Err(e);
                 }
@@ -1068,6 +1064,14 @@ impl Probe {
                 Ok(out)
             }
         }
+    }
+
+    /// The groups so far, as partial sums (in final mode, for a final
+    /// aggregate to merge with the rest: see [`Self::turned_partial`]).
+    fn turn_partial(&mut self, size: usize) -> Result<Vec<RecordBatch>> {
+        self.turned_partial = self.finals;
+        self.finals = false;
+        self.emit(size)
     }
 
     /// Adds the products of `batch`'s rows (`side` its probe columns,
@@ -1141,8 +1145,9 @@ impl Probe {
 
 /// What one partition of a [`ContractionExec`] is at: summing its probe
 /// rows (`None`: they have ended) and giving the batches `out` (last
-/// first), or in final mode, after its sums outgrew their memory, giving
-/// what a final aggregate merged.
+/// first), or in final mode, after its sums turned partial (they outgrew
+/// their memory, or nearly every row was its own group), giving what a
+/// final aggregate merged.
 enum Stage {
     Summing {
         input: Option<SendableRecordBatchStream>,
