@@ -407,6 +407,101 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
     Ok(())
 }
 
+/// Random ratings r(a, b, v), adjoint-like rows e(a, b, v) of the same
+/// keys and factors f(a, b, v), queries of a factorization's ∂/∂u shape
+/// `(r JOIN e) JOIN f ON f.a = r.b`: DataFusion collects the join `r ⋈ e`
+/// (it has no estimate of its rows) and probes it with `f`; no chain forms
+/// (the build side's key reads `r` alone), so the operator swaps the two
+/// inputs, lists `f` and streams `r ⋈ e`. The same answer as the joins and
+/// aggregate, whatever the keys, the NULLs, the repeated rows and the
+/// partitions.
+#[tokio::test]
+async fn swapped_pairs_answer_as_the_joins_and_aggregate_do() -> Result<()> {
+    let queries: &[(&str, usize)] = &[
+        (
+            "SELECT r.a, f.b, sum(e.v * f.v) FROM r JOIN e ON e.a = r.a AND e.b = r.b \
+             JOIN f ON f.a = r.b GROUP BY r.a, f.b",
+            2,
+        ),
+        (
+            "SELECT f.b, sum(r.v * e.v * f.v), sum(f.v) FROM r \
+             JOIN e ON e.a = r.a AND e.b = r.b \
+             JOIN f ON f.a IS NOT DISTINCT FROM r.b GROUP BY f.b",
+            1,
+        ),
+        (
+            "SELECT r.a, r.b, f.b, sum(3.0 * e.v * f.v) FROM r \
+             JOIN e ON (e.a IS NOT DISTINCT FROM r.a) AND e.b = r.b \
+             JOIN f ON f.a = r.b GROUP BY r.a, r.b, f.b",
+            3,
+        ),
+    ];
+    let mut rng = StdRng::seed_from_u64(4701);
+    let (mut swapped, mut cases) = (0, 0);
+    for case in 0..18 {
+        let (users, items, k) = (
+            rng.random_range(1..30),
+            rng.random_range(1..30),
+            rng.random_range(1..20),
+        );
+        let kinds = [Keys::Dense(k), Keys::Sparse(k), Keys::Strings(k)];
+        let nulls = [0.0, 0.05, 0.3][case / 3 % 3];
+        let rows = rng.random_range(0..600);
+        let r = relation(&mut rng, rows, Keys::Dense(users), Keys::Dense(items), nulls);
+        let e = relation(&mut rng, rows, Keys::Dense(users), Keys::Dense(items), nulls);
+        let f = match case % 4 == 3 {
+            // every (item, k) once: dense lists
+            true => full(&mut rng, Keys::Dense(items), kinds[case % 3], 0),
+            false => relation(&mut rng, rows / 4, Keys::Dense(items), kinds[case % 3], nulls),
+        };
+        for partitions in [1, 2, 3] {
+            let ctx = datafusion_grad::session_context_with_config(
+                SessionConfig::new().with_target_partitions(partitions),
+            );
+            for (name, batch) in [("r", &r), ("e", &e), ("f", &f)] {
+                register_halves(&ctx, name, batch)?;
+            }
+            if partitions == 3 {
+                skip_aggregating(&ctx).await?;
+            }
+            for &(sql, groups) in queries {
+                let what = format!("case {case}, {partitions} partitions");
+                let plan = same_answers(&ctx, sql, groups, &what).await?;
+                swapped += lists_a_table(&plan) as usize;
+                cases += 1;
+            }
+        }
+    }
+    assert!(swapped > cases / 2, "{swapped} of {cases}");
+    Ok(())
+}
+
+/// Whether the first `ContractionExec` of a plan lists rows that are no
+/// join (its first input has no `HashJoinExec` below it) and streams a
+/// join's rows (its second input has one).
+fn lists_a_table(plan: &str) -> bool {
+    let lines: Vec<&str> = plan.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let Some(at) = lines.iter().position(|l| l.contains("ContractionExec")) else {
+        return false;
+    };
+    let child = indent(lines[at]) + 2;
+    // the inputs' subtrees, by the lines at the children's indentation
+    let starts: Vec<usize> = (at + 1..lines.len())
+        .take_while(|&i| indent(lines[i]) >= child)
+        .filter(|&i| indent(lines[i]) == child)
+        .collect();
+    let subtree = |n: usize| {
+        let end = starts.get(n + 1).copied().unwrap_or_else(|| {
+            (starts[n] + 1..lines.len())
+                .find(|&i| indent(lines[i]) < child)
+                .unwrap_or(lines.len())
+        });
+        lines[starts[n]..end].join("\n")
+    };
+    starts.len() == 2 && !subtree(0).contains("HashJoinExec") && subtree(1).contains("HashJoinExec")
+}
+
 /// The gradient of `Σ y²`, `y = Σ x.v·w.v` over `x JOIN w GROUP BY x.a,
 /// w.b`, with respect to every row of `w` (`2·Xᵀ·Y` where nothing is NULL)
 /// and of `x` (`2·Y·Wᵀ`), against the sums written out here with SQL's

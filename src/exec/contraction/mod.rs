@@ -25,7 +25,8 @@
 //! as before, or, where the probe side gives group columns, the operator
 //! replaces it too: its probe rows hashed by those columns, each group is
 //! summed in one partition, and its sums are final (`mode=Final` in
-//! `EXPLAIN`; `merged.rs`).
+//! `EXPLAIN`; `merged.rs`). `EXPLAIN ANALYZE` shows the time spent listing
+//! the build side as `build_time` (`elapsed_compute` is the probe side's).
 //!
 //! The answer is the join + aggregate's: a group exists only where a joined
 //! row does; NULL keys match nothing (or, under `IS NOT DISTINCT FROM`,
@@ -79,7 +80,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
 use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
 };
 use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
@@ -513,13 +514,15 @@ impl ContractionExec {
     fn build(&self, context: &Arc<TaskContext>) -> SharedBuild {
         let mut slot = self.collected.lock().expect("build side lock");
         slot.get_or_insert_with(|| {
+            let time = MetricBuilder::new(&self.metrics).subset_time("build_time", 0);
             let (build, near) = (Arc::clone(&self.left), self.near.clone());
             let spec = Arc::clone(&self.spec);
             let context = Arc::clone(context);
             async move {
                 let Some(chain) = &spec.near else {
+                    let without = Links::Without;
                     let build =
-                        Build::collect(build, &spec.build, spec.nulls, Links::Without, &context)
+                        Build::collect(build, &spec.build, spec.nulls, without, &context, &time)
                             .await?;
                     return Ok(Arc::new(Collected { build, near: None }));
                 };
@@ -533,10 +536,12 @@ impl ContractionExec {
                 let mut links = Numbering::new(&types, spec.nulls)?;
                 let numbered = Links::Numbered(&chain.build_links, &mut links);
                 let build =
-                    Build::collect(build, &spec.build, spec.nulls, numbered, &context).await?;
+                    Build::collect(build, &spec.build, spec.nulls, numbered, &context, &time)
+                        .await?;
                 links.freeze();
                 let found = Links::Found(&chain.links, &links);
-                let near = Build::collect(near, &chain.part, chain.nulls, found, &context).await?;
+                let near =
+                    Build::collect(near, &chain.part, chain.nulls, found, &context, &time).await?;
                 Ok(Arc::new(Collected {
                     build,
                     near: Some(near),
@@ -786,13 +791,16 @@ enum Links<'a> {
 impl Build {
     /// The side `plan` (one partition) of `part`, its keys compared under
     /// `nulls`, listed under its keys (in a chain, by link number within
-    /// a key), its memory taken from the pool.
+    /// a key), its memory taken from the pool, the time spent listing it
+    /// (not reading its input) added to `time` (`build_time` in `EXPLAIN
+    /// ANALYZE`).
     async fn collect(
         plan: Arc<dyn ExecutionPlan>,
         part: &Part,
         nulls: Nulls,
         mut links: Links<'_>,
         context: &Arc<TaskContext>,
+        time: &Time,
     ) -> Result<Self> {
         let schema = plan.schema();
         let types = (part.keys.iter())
@@ -811,6 +819,7 @@ impl Build {
         let mut stream = plan.execute(0, Arc::clone(context))?;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
+            let _timer = time.timer();
             let side = part.evaluate(&batch)?;
             keys.number(&side.keys, &mut key_numbers)?;
             match &mut groups {
@@ -855,6 +864,7 @@ impl Build {
                 + factor.capacity() * 9;
             memory.try_resize(held)?;
         }
+        let _timer = time.timer();
         keys.freeze();
         // The rows listed by key number (a counting sort).
         let mut starts = vec![0usize; keys.len() + 1];

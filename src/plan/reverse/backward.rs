@@ -296,8 +296,20 @@ impl<'a> Backward<'a> {
                     };
                     let nkeys = a.group_expr.len();
                     let keys: Vec<Expr> = (0..nkeys).map(|j| leaf.column(j)).collect();
-                    let sums = (0..indexes.len()).map(partial).collect();
-                    let summed = aggregate(there, keys, sums)?;
+                    let summed = match own_rows(a, &alt, &there, start, indexes.len())? {
+                        // Each group's one row: its partials are its sums.
+                        true => {
+                            let mut exprs = keys;
+                            exprs.extend(
+                                (0..indexes.len()).map(|n| Placeholder::Partial.column(start + n)),
+                            );
+                            LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(there))?)
+                        }
+                        false => {
+                            let sums = (0..indexes.len()).map(partial).collect();
+                            aggregate(there, keys, sums)?
+                        }
+                    };
                     let names: Vec<String> = indexes
                         .iter()
                         .map(|&i| Placeholder::Adjoint.name(i))
@@ -483,6 +495,35 @@ fn summed(
         .collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     Ok((rename(&grouped, nkeys, &names)?, indexes))
+}
+
+/// Whether the partials `start..start + count` over `rows` (the block
+/// `alt`'s rows, where they read the aggregate `a`) summed per group of
+/// `a` are the partials themselves: the block reads `a` alone (its rows
+/// are `a`'s, filtered, each joined to at most one row of a seed that has
+/// one row per key), `a` has plain group keys (one output row per group;
+/// not grouping sets, and not none: an aggregate without groups gives a
+/// row of NULLs for no rows), and the partials are `Float64` (their sums'
+/// type).
+fn own_rows(
+    a: &Aggregate,
+    alt: &Alternative,
+    rows: &LogicalPlan,
+    start: usize,
+    count: usize,
+) -> Result<bool> {
+    if alt.leaves.len() != 1
+        || a.group_expr.is_empty()
+        || a.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_)))
+    {
+        return Ok(false);
+    }
+    for n in start..start + count {
+        if Placeholder::Partial.column(n).get_type(rows.schema())? != DataType::Float64 {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// `count(*)` over the group, as a Float64 statistic.
