@@ -447,12 +447,30 @@ async fn swapped_pairs_answer_as_the_joins_and_aggregate_do() -> Result<()> {
         let kinds = [Keys::Dense(k), Keys::Sparse(k), Keys::Strings(k)];
         let nulls = [0.0, 0.05, 0.3][case / 3 % 3];
         let rows = rng.random_range(0..600);
-        let r = relation(&mut rng, rows, Keys::Dense(users), Keys::Dense(items), nulls);
-        let e = relation(&mut rng, rows, Keys::Dense(users), Keys::Dense(items), nulls);
+        let r = relation(
+            &mut rng,
+            rows,
+            Keys::Dense(users),
+            Keys::Dense(items),
+            nulls,
+        );
+        let e = relation(
+            &mut rng,
+            rows,
+            Keys::Dense(users),
+            Keys::Dense(items),
+            nulls,
+        );
         let f = match case % 4 == 3 {
             // every (item, k) once: dense lists
             true => full(&mut rng, Keys::Dense(items), kinds[case % 3], 0),
-            false => relation(&mut rng, rows / 4, Keys::Dense(items), kinds[case % 3], nulls),
+            false => relation(
+                &mut rng,
+                rows / 4,
+                Keys::Dense(items),
+                kinds[case % 3],
+                nulls,
+            ),
         };
         for partitions in [1, 2, 3] {
             let ctx = datafusion_grad::session_context_with_config(

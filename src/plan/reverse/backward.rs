@@ -514,7 +514,9 @@ fn own_rows(
 ) -> Result<bool> {
     if alt.leaves.len() != 1
         || a.group_expr.is_empty()
-        || a.group_expr.iter().any(|e| matches!(e, Expr::GroupingSet(_)))
+        || a.group_expr
+            .iter()
+            .any(|e| matches!(e, Expr::GroupingSet(_)))
     {
         return Ok(false);
     }
