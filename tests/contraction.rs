@@ -231,6 +231,26 @@ fn register_halves(ctx: &SessionContext, name: &str, batch: &RecordBatch) -> Res
     Ok(())
 }
 
+/// A session of `partitions` target partitions with `tables` registered
+/// (each in two partitions); at 3 partitions, every row its own group
+/// after the first few (as the partial aggregates do where groups are
+/// nearly rows).
+async fn random_context(
+    partitions: usize,
+    tables: &[(&str, &RecordBatch)],
+) -> Result<SessionContext> {
+    let ctx = datafusion_grad::session_context_with_config(
+        SessionConfig::new().with_target_partitions(partitions),
+    );
+    for (name, batch) in tables {
+        register_halves(&ctx, name, batch)?;
+    }
+    if partitions == 3 {
+        skip_aggregating(&ctx).await?;
+    }
+    Ok(ctx)
+}
+
 /// Random relations x(n, d, v) and w(d, h, v), and queries of every shape
 /// the operator takes: the same answer with it as without it.
 #[tokio::test]
@@ -278,15 +298,7 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
             true => full(&mut rng, kd, Keys::Sparse(h % 12 + 1), case % 2 * 3),
         };
         for partitions in [1, 3] {
-            let ctx = datafusion_grad::session_context_with_config(
-                SessionConfig::new().with_target_partitions(partitions),
-            );
-            for (name, batch) in [("x", &x), ("w", &w)] {
-                register_halves(&ctx, name, batch)?;
-            }
-            if partitions == 3 {
-                skip_aggregating(&ctx).await?;
-            }
+            let ctx = random_context(partitions, &[("x", &x), ("w", &w)]).await?;
             for &(sql, groups) in queries {
                 let what = format!("case {case}, {partitions} partitions");
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
@@ -376,17 +388,7 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
             ),
         };
         for partitions in [2, 3] {
-            let ctx = datafusion_grad::session_context_with_config(
-                SessionConfig::new().with_target_partitions(partitions),
-            );
-            for (name, batch) in [("r", &r), ("u", &u), ("f", &f)] {
-                register_halves(&ctx, name, batch)?;
-            }
-            if partitions == 3 {
-                // every row its own group after the first few (as the
-                // partial aggregates do where groups are nearly rows)
-                skip_aggregating(&ctx).await?;
-            }
+            let ctx = random_context(partitions, &[("r", &r), ("u", &u), ("f", &f)]).await?;
             for (q, &(sql, groups)) in queries.iter().enumerate() {
                 // the fourth query's link f.b = r.a compares a string with
                 // an integer where the factor keys are strings
@@ -473,15 +475,7 @@ async fn swapped_pairs_answer_as_the_joins_and_aggregate_do() -> Result<()> {
             ),
         };
         for partitions in [1, 2, 3] {
-            let ctx = datafusion_grad::session_context_with_config(
-                SessionConfig::new().with_target_partitions(partitions),
-            );
-            for (name, batch) in [("r", &r), ("e", &e), ("f", &f)] {
-                register_halves(&ctx, name, batch)?;
-            }
-            if partitions == 3 {
-                skip_aggregating(&ctx).await?;
-            }
+            let ctx = random_context(partitions, &[("r", &r), ("e", &e), ("f", &f)]).await?;
             for &(sql, groups) in queries {
                 let what = format!("case {case}, {partitions} partitions");
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
