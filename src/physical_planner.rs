@@ -376,14 +376,15 @@ impl ExtensionPlanner for GroupJoinPlanner {
         let Some(node) = node.as_any().downcast_ref::<GroupJoin>() else {
             return Ok(None);
         };
-        let [rows, contributions] = physical_inputs else {
-            return internal_err!("GroupJoin has two inputs");
+        let [rows, contributions, scaled @ ..] = physical_inputs else {
+            return internal_err!("GroupJoin has two inputs or more");
         };
         let schema: SchemaRef = Arc::new(node.schema.as_arrow().clone());
         Ok(Some(Arc::new(GroupJoinExec {
             properties: one_final_partition(&schema),
             rows: Arc::clone(rows),
             contributions: Arc::clone(contributions),
+            scaled: scaled.to_vec(),
             duplicate: {
                 let check = node.check();
                 Arc::new(Duplicate {

@@ -78,6 +78,9 @@ pub enum Placeholder {
     /// A partial's factor summed over a join's other side
     /// (`__dfgrad_summed{k}`).
     Contracted,
+    /// A parameter row's factor of a group join's scaled sums
+    /// (`__dfgrad_factor{k}`).
+    Factor,
 }
 
 impl Placeholder {
@@ -101,6 +104,7 @@ impl Placeholder {
             Placeholder::Where => "__dfgrad_where",
             Placeholder::JoinKey => "__dfgrad_on",
             Placeholder::Contracted => "__dfgrad_summed",
+            Placeholder::Factor => "__dfgrad_factor",
         }
     }
 

@@ -5,23 +5,25 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, Float64Array, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
+use datafusion::arrow::datatypes::Float64Type;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{internal_err, DataFusionError};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
-use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet};
+use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     collect, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream,
 };
+use futures::future::try_join_all;
 use futures::{StreamExt, TryStreamExt};
 
 use super::kit;
-use super::row_index::{Duplicate, RowIndex};
+use super::row_index::{Duplicate, RowIndex, Sums};
 
 /// Sums the contributions into the parameter rows through a hash table
 /// over the rows' identities; see the [module docs](self).
@@ -29,6 +31,10 @@ use super::row_index::{Duplicate, RowIndex};
 pub struct GroupJoinExec {
     pub(crate) rows: Arc<dyn ExecutionPlan>,
     pub(crate) contributions: Arc<dyn ExecutionPlan>,
+    /// Sums keyed by the identity, at most one per row: a row's is added
+    /// times its factor, the column of `rows` after the output's (one per
+    /// sums, in order; none where either is NULL).
+    pub(crate) scaled: Vec<Arc<dyn ExecutionPlan>>,
     pub(crate) duplicate: Arc<Duplicate>,
     /// The columns of `rows` that are the identity.
     pub(crate) identity: Vec<usize>,
@@ -48,32 +54,37 @@ impl ExecutionPlan for GroupJoinExec {
         "GroupJoinExec"
     }
 
+    /// The rows, the contributions, then the scaled sums.
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.rows, &self.contributions]
+        let mut children = vec![&self.rows, &self.contributions];
+        children.extend(&self.scaled);
+        children
     }
 
     /// Every input partition is read here, each on its own task: a
     /// repartitioning in front would only copy rows.
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false, false]
+        vec![false; 2 + self.scaled.len()]
     }
 
     fn with_new_children(
         self: Arc<Self>,
         children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        match <[_; 2]>::try_from(children) {
-            Ok([rows, contributions]) => Ok(Arc::new(Self {
-                rows,
-                contributions,
-                duplicate: Arc::clone(&self.duplicate),
-                identity: self.identity.clone(),
-                schema: Arc::clone(&self.schema),
-                properties: Arc::clone(&self.properties),
-                metrics: ExecutionPlanMetricsSet::new(),
-            })),
-            Err(_) => internal_err!("GroupJoinExec has two children"),
+        if children.len() != 2 + self.scaled.len() {
+            return internal_err!("GroupJoinExec has {} children", 2 + self.scaled.len());
         }
+        let mut children = children.into_iter();
+        Ok(Arc::new(Self {
+            rows: children.next().expect("rows"),
+            contributions: children.next().expect("contributions"),
+            scaled: children.collect(),
+            duplicate: Arc::clone(&self.duplicate),
+            identity: self.identity.clone(),
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+        }))
     }
 
     fn execute(
@@ -90,6 +101,7 @@ impl ExecutionPlan for GroupJoinExec {
             Arc::clone(&self.duplicate),
             Arc::clone(&self.schema),
         );
+        let scaled = self.scaled.clone();
         let identity = self.identity.clone();
         let metrics = BaselineMetrics::new(&self.metrics, partition);
         let batch_size = context.session_config().batch_size();
@@ -107,35 +119,25 @@ impl ExecutionPlan for GroupJoinExec {
                     .collect();
                 Arc::new(RowIndex::build(keys, rows.num_rows(), &check, reservation)?)
             };
-            let tasks: Vec<_> = (0..contributions.output_partitioning().partition_count())
-                .map(|p| {
-                    let stream = contributions.execute(p, Arc::clone(&context));
-                    let (index, time) = (Arc::clone(&index), time.clone());
-                    SpawnedTask::spawn(async move {
-                        let mut stream = stream?;
-                        let mut sums = index.sums()?;
-                        while let Some(batch) = stream.next().await {
-                            let _timer = time.timer();
-                            index.add(&batch?, &mut sums.values)?;
-                        }
-                        Ok::<_, DataFusionError>(sums)
-                    })
-                })
-                .collect();
-            let mut total = index.sums()?;
-            for task in tasks {
-                let sums = task
-                    .join_unwind()
-                    .await
-                    .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+            let inputs = std::iter::once((contributions, false))
+                .chain(scaled.into_iter().map(|s| (s, true)))
+                .map(|(plan, touched)| summed(plan, &index, &context, &time, touched));
+            let mut sums = try_join_all(inputs).await?.into_iter();
+            let mut total = sums.next().expect("the contributions");
+            let visible = rows.num_columns() - sums.len();
+            for (s, sums) in sums.enumerate() {
+                let Some(factors) = rows.column(visible + s).as_primitive_opt::<Float64Type>()
+                else {
+                    return internal_err!("a group join's factors are doubles");
+                };
                 let _timer = time.timer();
-                total
-                    .values
-                    .iter_mut()
-                    .zip(&sums.values)
-                    .for_each(|(t, s)| *t += s);
+                for (r, total) in total.values.iter_mut().enumerate() {
+                    if sums.is_touched(r) && factors.is_valid(r) {
+                        *total += factors.value(r) * sums.values[r];
+                    }
+                }
             }
-            let mut columns = rows.columns().to_vec();
+            let mut columns = rows.columns()[..visible].to_vec();
             columns
                 .push(Arc::new(Float64Array::from(std::mem::take(&mut total.values))) as ArrayRef);
             let all = RecordBatch::try_new(out, columns)?;
@@ -156,4 +158,42 @@ impl ExecutionPlan for GroupJoinExec {
         let stream = futures::stream::once(output).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+/// The contributions of every partition of `plan` summed per parameter row
+/// of `index`, each partition on its own task; with `touched`, the rows
+/// that got one marked.
+async fn summed(
+    plan: Arc<dyn ExecutionPlan>,
+    index: &Arc<RowIndex>,
+    context: &Arc<TaskContext>,
+    time: &Time,
+    touched: bool,
+) -> Result<Sums> {
+    let tasks: Vec<_> = (0..plan.output_partitioning().partition_count())
+        .map(|p| {
+            let stream = plan.execute(p, Arc::clone(context));
+            let (index, time) = (Arc::clone(index), time.clone());
+            SpawnedTask::spawn(async move {
+                let mut stream = stream?;
+                let mut sums = index.sums(touched)?;
+                while let Some(batch) = stream.next().await {
+                    let batch = batch?;
+                    let _timer = time.timer();
+                    index.add(&batch, &mut sums)?;
+                }
+                Ok::<_, DataFusionError>(sums)
+            })
+        })
+        .collect();
+    let mut total = index.sums(touched)?;
+    for task in tasks {
+        let sums = task
+            .join_unwind()
+            .await
+            .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
+        let _timer = time.timer();
+        total.merge(&sums);
+    }
+    Ok(total)
 }

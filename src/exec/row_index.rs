@@ -77,7 +77,34 @@ enum Lookup {
 /// (held until they are dropped).
 pub(super) struct Sums {
     pub values: Vec<f64>,
+    /// Where asked for, a bit per row (row `r`: bit `r % 64` of word
+    /// `r / 64`) set where the row got a contribution; else empty.
+    pub touched: Vec<u64>,
     _memory: MemoryReservation,
+}
+
+impl Sums {
+    /// Adds the contribution `partial` to row `row`, marking it touched
+    /// where that is kept.
+    pub fn add(&mut self, row: usize, partial: f64) {
+        self.values[row] += partial;
+        if let Some(word) = self.touched.get_mut(row / 64) {
+            *word |= 1 << (row % 64);
+        }
+    }
+
+    /// Whether row `row` got a contribution (kept where asked for).
+    pub fn is_touched(&self, row: usize) -> bool {
+        self.touched[row / 64] & (1 << (row % 64)) != 0
+    }
+
+    /// `other`'s sums (and marks) added into these.
+    pub fn merge(&mut self, other: &Sums) {
+        let values = self.values.iter_mut().zip(&other.values);
+        values.for_each(|(t, s)| *t += s);
+        let touched = self.touched.iter_mut().zip(&other.touched);
+        touched.for_each(|(t, s)| *t |= s);
+    }
 }
 
 impl RowIndex {
@@ -123,12 +150,18 @@ impl RowIndex {
         })
     }
 
-    /// Zero sums for every parameter row, their memory taken from the pool.
-    pub fn sums(&self) -> Result<Sums> {
+    /// Zero sums for every parameter row (and, with `touched`, a mark
+    /// per row, none set), their memory taken from the pool.
+    pub fn sums(&self, touched: bool) -> Result<Sums> {
+        let words = match touched {
+            true => self.rows.div_ceil(64),
+            false => 0,
+        };
         let reservation = self.reservation.new_empty();
-        reservation.try_grow(self.rows * size_of::<f64>())?;
+        reservation.try_grow(self.rows * size_of::<f64>() + words * size_of::<u64>())?;
         Ok(Sums {
             values: vec![0.0; self.rows],
+            touched: vec![0; words],
             _memory: reservation,
         })
     }
@@ -136,7 +169,7 @@ impl RowIndex {
     /// Adds the contributions `batch` (identity columns, then the partial)
     /// into `sums`: each non-NULL partial to the row of its identity (none:
     /// it is dropped).
-    pub fn add(&self, batch: &RecordBatch, sums: &mut [f64]) -> Result<()> {
+    pub fn add(&self, batch: &RecordBatch, sums: &mut Sums) -> Result<()> {
         let width = self.keys.len();
         let keys = &batch.columns()[..width];
         let Some(partials) = batch.column(width).as_primitive_opt::<Float64Type>() else {
@@ -169,7 +202,7 @@ impl RowIndex {
                     }
                     let row = slots[slot as usize];
                     if row != NONE {
-                        sums[row as usize] += partials.value(i);
+                        sums.add(row as usize, partials.value(i));
                     }
                 }
             }
@@ -198,7 +231,7 @@ impl RowIndex {
                             continue;
                         }
                     }
-                    sums[last as usize] += partials.value(i);
+                    sums.add(last as usize, partials.value(i));
                 }
             }
         }

@@ -289,7 +289,8 @@ pub(super) fn row_adjoints(
             identity: &identity,
             names: (&name, &identity_names),
         };
-        for read in loss_contributions(loss, parameter, &[], rules)? {
+        let contributions = loss_contributions(loss, parameter, &[], rules)?;
+        for read in contributions.into_plans(fwd, &identity)? {
             let mut exprs = vec![Placeholder::Key.column(0), Placeholder::Key.column(1)];
             for &other in differentiable {
                 let e = match other == c {

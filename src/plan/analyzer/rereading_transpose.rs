@@ -72,7 +72,7 @@ use super::GradAnalyzer;
 use crate::engine::call::{as_marker, Marker, MarkerKind, SharedRules};
 use crate::error::{fail, ErrorKind};
 use crate::plan::expand::expand_markers;
-use crate::plan::reverse::{loss_contributions, weighted_contributions, Parameter};
+use crate::plan::reverse::{loss_contributions, weighted_contributions, Contributions, Parameter};
 use crate::plan::shared::share;
 use crate::plan::{columns, unalias};
 use crate::reserved::{
@@ -91,7 +91,7 @@ pub(super) fn contributions(
     r: &RecursiveQuery,
     parameter: Parameter,
     rules: &SharedRules,
-) -> Result<Vec<LogicalPlan>> {
+) -> Result<Contributions> {
     let step = Step::of(r, parameter.names.0)?;
     let state = DFSchema::try_from(r.static_term.schema().as_arrow().clone())?;
     let differentiable = differentiable_columns(&state);

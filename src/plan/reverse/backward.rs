@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, ScalarValue, TableReference};
+use datafusion::common::{internal_err, Column, ScalarValue, TableReference};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::count::count_udaf;
 use datafusion::functions_aggregate::sum::sum_udaf;
@@ -39,7 +39,8 @@ use datafusion::logical_expr::{
 };
 
 use super::block::{Alternative, Blocks, LeafKind};
-use super::factored;
+use super::factored::{self, PerRow, Scaled};
+use super::Contributions;
 use crate::engine::{differentiate, Seed as Sweep};
 use crate::error::{fail, GradError};
 use crate::plan::shared::{share, unshared};
@@ -68,8 +69,9 @@ pub(super) struct Backward<'a> {
     identity: &'a [usize],
     rules: &'a Rules,
     /// Per reached parameter scan: `(__dfgrad_key{j}…, __dfgrad_gradient)`,
-    /// a row per row of the block (summed per parameter row by the caller).
-    pub contributions: Vec<LogicalPlan>,
+    /// a row per row of the block, or sums met by the rows (summed per
+    /// parameter row by the caller).
+    pub contributions: Contributions,
     /// The aggregates reached and not yet passed through: each with its
     /// height and the group adjoints of every read of it.
     pending: Vec<Pending>,
@@ -104,7 +106,7 @@ impl<'a> Backward<'a> {
             variable,
             identity,
             rules,
-            contributions: Vec::new(),
+            contributions: Contributions::default(),
             pending: Vec::new(),
         }
     }
@@ -245,18 +247,40 @@ impl<'a> Backward<'a> {
                             .iter()
                             .any(|&l| self.blocks.leaves[l].qualifier == *q)
                     };
+                    let identity = (leaf.kind == LeafKind::Parameter).then_some(self.identity);
                     factored::summed_per_row(
                         &alt.rows,
                         &leaf.qualifier,
                         seed_relation,
                         &partials,
+                        identity,
                         is_leaf,
                     )?
                 }
                 false => None,
             };
             let there = match contracted {
-                Some(rows) => rows,
+                Some(PerRow::Rows(rows)) => rows,
+                Some(PerRow::Scaled(Scaled { sums, factor })) => {
+                    // The factor over the parameter relation's own columns.
+                    let relation = leaf.plan.schema().columns();
+                    let factor = factor
+                        .transform_up(|e| match &e {
+                            Expr::Column(c) if c.relation.as_ref() == Some(&leaf.qualifier) => {
+                                let plain = Column::new_unqualified(c.name.clone());
+                                match Placeholder::LeafColumn.index(&plain) {
+                                    Some(i) => {
+                                        Ok(Transformed::yes(Expr::Column(relation[i].clone())))
+                                    }
+                                    None => internal_err!("a leaf column: {c}"),
+                                }
+                            }
+                            _ => Ok(Transformed::no(e)),
+                        })?
+                        .data;
+                    self.contributions.scaled.push(Scaled { sums, factor });
+                    continue;
+                }
                 None => LogicalPlan::Filter(Filter::try_new(
                     leaf.present().is_not_null(),
                     Arc::new(partials.clone()),
@@ -278,7 +302,7 @@ impl<'a> Backward<'a> {
                     exprs.push(Placeholder::Partial.column(start).alias(GRADIENT));
                     let there =
                         LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(there))?);
-                    self.contributions.push(there);
+                    self.contributions.plans.push(there);
                 }
                 LeafKind::Subquery => {
                     let summed = aggregate(there, vec![], vec![partial(0)])?;

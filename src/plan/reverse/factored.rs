@@ -47,7 +47,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::{DFSchema, NullEquality, ScalarValue, TableReference};
+use datafusion::common::{Column, DFSchema, NullEquality, ScalarValue, TableReference};
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::Case;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
@@ -57,7 +57,7 @@ use datafusion::logical_expr::{
 
 use super::backward::{aggregate, sum};
 use crate::plan::{columns, join_nulls_equal};
-use crate::reserved::Placeholder;
+use crate::reserved::{Placeholder, GRADIENT};
 
 /// One leaf of a block: its rows and the conditions on them alone.
 struct Side {
@@ -239,6 +239,32 @@ fn product(factors: Vec<Expr>) -> Expr {
     factors.into_iter().reduce(|a, b| a * b).unwrap_or(lit(1.0))
 }
 
+/// A block's partials summed per row of its target leaf.
+pub(super) enum PerRow {
+    /// The target's rows, each with its partials' sums as columns.
+    Rows(LogicalPlan),
+    /// The one partial's sums keyed by the target's identity: each target
+    /// row meets at most one of them (see [`summed_per_row`]).
+    Scaled(Scaled),
+}
+
+/// The sums of a partial of the parameter rows keyed by their identity,
+/// each met by the row of its identity and multiplied by a factor of that
+/// row: the contribution `factor(t) · sum` of every row `t` that a sum's
+/// keys name (a row named by none, or whose factor is NULL, gets nothing;
+/// a NULL sum sends nothing). A group join adds them up without the join
+/// (see [`super::group_join`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd)]
+pub(crate) struct Scaled {
+    /// Columns `__dfgrad_key{j}` (the identity columns' values, in the
+    /// identity's order, of their types; one row per identity at most),
+    /// then the sum `__dfgrad_gradient`.
+    pub sums: LogicalPlan,
+    /// The factor, a `Float64` expression over the target's row (over the
+    /// block leaf's columns as [`summed_per_row`] gives it).
+    pub factor: Expr,
+}
+
 /// The rows of the leaf `target` of the block whose rows are `rows` (the
 /// leaves' join, before the seed's), with column `names[n]` the sum of the
 /// partial `partials[n]` over the block's rows that hold it — partials over
@@ -246,13 +272,22 @@ fn product(factors: Vec<Expr>) -> Expr {
 /// joined to the rows by `seed_keys`: equal, NULL equal to NULL) — or
 /// `None` where the block is not such a contraction (see the [module
 /// docs](self)). `is_leaf` tells a block leaf's qualifier.
+///
+/// Where `identity` is given (the target is the parameter relation, told
+/// apart by those of its columns), there is one partial, and the sums'
+/// keys are exactly the identity columns (bare, each once, of the same
+/// types), the sums come as [`PerRow::Scaled`]: keyed by the identity and
+/// a factor of the target's row (its conditions on itself folded in as
+/// `CASE WHEN … THEN factor END`), which is what the rows joined to the
+/// sums would give, row for row.
 pub(super) fn summed_per_row(
     rows: &LogicalPlan,
     target: &TableReference,
     seed: Option<(&LogicalPlan, &[Expr])>,
     partials: &[(String, Expr)],
+    identity: Option<&[usize]>,
     is_leaf: impl Fn(&TableReference) -> bool,
-) -> Result<Option<LogicalPlan>> {
+) -> Result<Option<PerRow>> {
     let Some(leaves) = Leaves::of(rows, &is_leaf) else {
         return Ok(None);
     };
@@ -334,7 +369,7 @@ pub(super) fn summed_per_row(
     // to NULL: the rest has none).
     let unmatched = on.iter().filter(|p| !p.2);
     on_others.extend(unmatched.map(|p| p.0.clone().is_not_null()));
-    let mut mine = filtered(sides[t].rows.clone(), on_mine)?;
+    let mut mine = filtered(sides[t].rows.clone(), on_mine.clone())?;
     let seed_join = |rows: LogicalPlan, keys: &[(Expr, usize)]| -> Result<LogicalPlan> {
         let (relation, _) = seed.expect("a seed");
         let on = keys
@@ -475,6 +510,43 @@ pub(super) fn summed_per_row(
         })
         .collect();
     let contracted = LogicalPlan::Projection(Projection::try_new(names, Arc::new(contracted))?);
+    if let Some(identity) =
+        identity.filter(|_| split.len() == 1 && (seed.is_none() || seed_with_others))
+    {
+        let keys: Vec<Expr> = (on.iter().map(|p| p.1.clone()))
+            .chain(seed_on_mine.iter().map(|(k, _)| k.clone()))
+            .collect();
+        let seed_types = seed_on_mine
+            .iter()
+            .map(|(k, j)| Ok((k, Placeholder::Key.column(*j).get_type(&seeded)?)));
+        let same_types = seed_types
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .all(|(k, t)| k.get_type(rows.schema()).is_ok_and(|kt| kt == t));
+        if let Some(order) = identity_order(&keys, target, identity).filter(|_| same_types) {
+            let mut exprs: Vec<Expr> = order
+                .iter()
+                .enumerate()
+                .map(|(j, &i)| {
+                    Placeholder::JoinKey
+                        .column(i)
+                        .alias(Placeholder::Key.name(j))
+                })
+                .collect();
+            exprs.push(Placeholder::Contracted.column(0).alias(GRADIENT));
+            let sums = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(contracted))?);
+            let factor = split.remove(0).0;
+            let factor = match conjunction(on_mine) {
+                Some(c) => Expr::Case(Case::new(
+                    None,
+                    vec![(Box::new(c), Box::new(factor))],
+                    Some(Box::new(lit(ScalarValue::Float64(None)))),
+                )),
+                None => factor,
+            };
+            return Ok(Some(PerRow::Scaled(Scaled { sums, factor })));
+        }
+    }
     // The target's rows, each meeting its row of S.
     let keys = on.iter().map(|p| p.1.clone());
     let keys = keys.chain(seed_on_mine.iter().map(|(k, _)| k.clone()));
@@ -487,10 +559,37 @@ pub(super) fn summed_per_row(
     for (n, ((name, _), (mine, _))) in partials.iter().zip(split).enumerate() {
         exprs.push((mine * Placeholder::Contracted.column(n)).alias(name));
     }
-    Ok(Some(LogicalPlan::Projection(Projection::try_new(
-        exprs,
-        Arc::new(met),
-    )?)))
+    Ok(Some(PerRow::Rows(LogicalPlan::Projection(
+        Projection::try_new(exprs, Arc::new(met))?,
+    ))))
+}
+
+/// For each identity column (in `identity`'s order), the position among
+/// `keys` of the target's column that is it, where `keys` are exactly the
+/// identity columns of the leaf `target`, bare and each once; else `None`.
+fn identity_order(
+    keys: &[Expr],
+    target: &TableReference,
+    identity: &[usize],
+) -> Option<Vec<usize>> {
+    if keys.len() != identity.len() {
+        return None;
+    }
+    let mut order = vec![None; identity.len()];
+    for (position, key) in keys.iter().enumerate() {
+        let Expr::Column(c) = key else {
+            return None;
+        };
+        if c.relation.as_ref() != Some(target) {
+            return None;
+        }
+        let i = Placeholder::LeafColumn.index(&Column::new_unqualified(c.name.clone()))?;
+        let j = identity.iter().position(|&x| x == i)?;
+        if order[j].replace(position).is_some() {
+            return None;
+        }
+    }
+    order.into_iter().collect()
 }
 
 /// The condition `c` as a key pair — an expression over the leaves

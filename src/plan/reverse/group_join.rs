@@ -16,6 +16,16 @@
 //! its own task, each adding into its own vector of sums, and adds those
 //! up. Linear in the contributions, no row format, no repartitioning.
 //!
+//! Where the backward pass summed a partial per parameter row as a
+//! contraction whose keys are the rows' identity (a matrix product's
+//! `∂/∂X = 2·Y·Wᵀ`: sums keyed by `(n, d)`, each row of `x` meeting one),
+//! the sums come with the factor of the row they meet ([`Scaled`](super::Scaled)): the
+//! group join looks each sum's row up by its identity, as it looks up any
+//! contribution, and adds `factor · sum` — the rows are not joined to the
+//! sums first. The factors are columns of the rows it reads
+//! (`__dfgrad_factor{i}`, not in its output); the plain form ([`met`])
+//! is the join.
+//!
 //! ```sql
 //! -- the gradient table of mm_loss with respect to x's rows: one group per row of x
 //! SELECT n, d, grad((SELECT loss FROM mm_loss), v) FROM x;
@@ -25,29 +35,40 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{DataType, Field};
-use datafusion::common::{Column, DFSchema, DFSchemaRef, TableReference};
+use datafusion::common::{internal_err, Column, DFSchema, DFSchemaRef, TableReference};
 use datafusion::error::Result;
 use datafusion::logical_expr::{
-    cast, lit, Expr, ExprSchemable, Extension, LogicalPlan, LogicalPlanBuilder,
+    cast, lit, Expr, ExprSchemable, Extension, JoinType, LogicalPlan, LogicalPlanBuilder,
     UserDefinedLogicalNodeCore,
 };
 
 use super::backward::{aggregate, rename, sum};
 use super::row_check::RowCheck;
-use crate::plan::{columns, kit, left_join_by_identity};
+use super::Contributions;
+use crate::plan::{columns, join_nulls_equal, left_join_by_identity};
 use crate::reserved::{Placeholder, GRADIENT};
 use crate::rules::num;
 
 /// The gradient table over `rows` (the parameter rows) summed from
 /// `contributions` (identity columns `__dfgrad_key{j}`, then
-/// `__dfgrad_gradient`): every row of `rows` with the sum of the non-NULL
-/// contributions of its identity (0 if none); see the [module docs](self).
+/// `__dfgrad_gradient`) and `scaled`: every row of `rows` with the sum of
+/// the non-NULL contributions of its identity (0 if none); see the [module
+/// docs](self).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct GroupJoin {
+    /// The rows, then one factor column `__dfgrad_factor{i}` per scaled
+    /// sums (not in the output).
     pub(crate) rows: LogicalPlan,
     /// The columns of `rows` that are the identity, in the keys' order.
     pub(crate) identity: Vec<usize>,
     pub(crate) contributions: LogicalPlan,
+    /// Sums keyed by the identity (as the contributions are, at most one
+    /// row per identity): each row of `rows` that one names gets the
+    /// contribution `__dfgrad_factor{i} · sum` (none where either is NULL),
+    /// as if met by a join ([`met`]) but without it.
+    pub(crate) scaled: Vec<LogicalPlan>,
+    /// The factors of `scaled`, over the parameter relation's columns.
+    pub(crate) factors: Vec<Expr>,
     /// `None`: `rows` are the identities alone and the output is the
     /// gradient table; else the output is `rows` with the gradient as a
     /// column of this relation, as if joined to the gradient table.
@@ -64,15 +85,18 @@ impl GroupJoin {
     pub fn plan(
         relation: &LogicalPlan,
         identity: &[usize],
-        contributions: Vec<LogicalPlan>,
+        contributions: Contributions,
         names: (&str, &[String]),
     ) -> Result<LogicalPlan> {
+        let Contributions { plans, scaled } = contributions;
+        let factors: Vec<Expr> = scaled.iter().map(|s| s.factor.clone()).collect();
+        let rows = with_factors(relation, keys(relation, identity), &factors)?;
         let keys = LogicalPlanBuilder::from(relation.clone())
             .project(keys(relation, identity))?
             .build()?;
         let width = keys.schema().fields().len();
         let mut union: Option<LogicalPlanBuilder> = None;
-        for c in contributions {
+        for c in plans {
             // the keys as the rows have them, the partial as a double
             let mut exprs = Vec::with_capacity(width + 1);
             for (j, e) in columns(&c).into_iter().enumerate() {
@@ -107,8 +131,10 @@ impl GroupJoin {
         let (relation, identity) = names;
         Self {
             identity: (0..width).collect(),
-            rows: keys,
+            rows,
             contributions,
+            scaled: scaled.into_iter().map(|s| s.sums).collect(),
+            factors,
             joined_as: None,
             names: (relation.to_string(), identity.to_vec()),
             schema: Arc::new(DFSchema::empty()),
@@ -133,7 +159,7 @@ impl GroupJoin {
             return Ok(None);
         }
         Self {
-            rows: rows.clone(),
+            rows: with_factors(rows, columns(rows), &g.factors)?,
             identity,
             joined_as: Some(joined_as),
             ..g.clone()
@@ -145,9 +171,15 @@ impl GroupJoin {
     /// The node as a plan, its schema made from its fields.
     fn into_plan(mut self) -> Result<LogicalPlan> {
         let field = Arc::new(Field::new(GRADIENT, DataType::Float64, false));
-        let gradient =
-            DFSchema::new_with_metadata(vec![(self.joined_as.clone(), field)], Default::default())?;
-        self.schema = Arc::new(self.rows.schema().join(&gradient)?);
+        let rows = self.rows.schema();
+        let mut fields: Vec<_> = (rows.iter().take(self.visible()))
+            .map(|(q, f)| (q.cloned(), Arc::clone(f)))
+            .collect();
+        fields.push((self.joined_as.clone(), field));
+        self.schema = Arc::new(DFSchema::new_with_metadata(
+            fields,
+            rows.metadata().clone(),
+        )?);
         Ok(LogicalPlan::Extension(Extension {
             node: Arc::new(self),
         }))
@@ -162,15 +194,21 @@ impl GroupJoin {
         let mut exprs = keys(&self.rows, &self.identity);
         exprs.extend([num(0.0).alias(GRADIENT), lit(1i64).alias(&count)]);
         let all = LogicalPlanBuilder::from(self.rows.clone()).project(exprs)?;
-        let mut exprs = columns(&self.contributions);
-        exprs.push(lit(0i64).alias(&count));
-        let contributions = LogicalPlanBuilder::from(self.contributions.clone())
-            .project(exprs)?
-            .build()?;
+        let mut all = all;
+        let mut contributions = vec![self.contributions.clone()];
+        for (i, sums) in self.scaled.iter().enumerate() {
+            let factor = Placeholder::Factor.column(i);
+            contributions.push(met(&self.rows, &self.identity, sums, factor)?);
+        }
+        for c in contributions {
+            let mut exprs = columns(&c);
+            exprs.push(lit(0i64).alias(&count));
+            all = all.union(LogicalPlanBuilder::from(c).project(exprs)?.build()?)?;
+        }
         let nkeys = self.identity.len();
         let key_columns: Vec<Expr> = (0..nkeys).map(|j| Placeholder::Key.column(j)).collect();
         let summed = aggregate(
-            all.union(contributions)?.build()?,
+            all.build()?,
             key_columns.clone(),
             vec![
                 sum(Expr::Column(Column::new_unqualified(GRADIENT))),
@@ -203,6 +241,7 @@ impl GroupJoin {
             .collect();
         let joined = left_join_by_identity(self.rows.clone(), table, on)?;
         let mut exprs = columns(&self.rows);
+        exprs.truncate(self.visible());
         exprs.push(Expr::Column(Column::new(Some(joined_as.clone()), GRADIENT)));
         LogicalPlanBuilder::from(joined).project(exprs)?.build()
     }
@@ -210,13 +249,65 @@ impl GroupJoin {
     /// The input that output column `idx` is passed on from unchanged (the
     /// same column of the rows), if it is.
     pub fn passes(&self, idx: usize) -> Option<&LogicalPlan> {
-        (idx < self.rows.schema().fields().len()).then_some(&self.rows)
+        (idx < self.visible()).then_some(&self.rows)
+    }
+
+    /// How many of the columns of `rows` are in the output: all but the
+    /// factors.
+    pub(crate) fn visible(&self) -> usize {
+        self.rows.schema().fields().len() - self.scaled.len()
     }
 
     /// The check that fails on a repeated identity.
     pub(crate) fn check(&self) -> RowCheck {
         RowCheck::identity(&self.names.0, &self.names.1)
     }
+}
+
+/// `relation` projected to `exprs` and the factors `factors` (over its
+/// columns) as `__dfgrad_factor{i}`; `relation` itself where that is all
+/// of it.
+fn with_factors(relation: &LogicalPlan, exprs: Vec<Expr>, factors: &[Expr]) -> Result<LogicalPlan> {
+    if factors.is_empty() && exprs == columns(relation) {
+        return Ok(relation.clone());
+    }
+    let factors =
+        (factors.iter().enumerate()).map(|(i, f)| f.clone().alias(Placeholder::Factor.name(i)));
+    LogicalPlanBuilder::from(relation.clone())
+        .project(exprs.into_iter().chain(factors))?
+        .build()
+}
+
+/// The contributions of the sums `sums` (columns `__dfgrad_key{j}`, then
+/// `__dfgrad_gradient`) to the rows `rows` told apart by their columns
+/// `identity`: each row joined to the sum of its identity (NULL equal to
+/// NULL), `factor` (over the rows) times the sum, keyed by the identity.
+pub(super) fn met(
+    rows: &LogicalPlan,
+    identity: &[usize],
+    sums: &LogicalPlan,
+    factor: Expr,
+) -> Result<LogicalPlan> {
+    let mut exprs: Vec<Expr> = (0..identity.len())
+        .map(|j| {
+            Placeholder::Key
+                .column(j)
+                .alias(Placeholder::JoinKey.name(j))
+        })
+        .collect();
+    exprs.push(
+        Expr::Column(Column::new_unqualified(GRADIENT)).alias(Placeholder::Contracted.name(0)),
+    );
+    let sums = LogicalPlanBuilder::from(sums.clone())
+        .project(exprs)?
+        .build()?;
+    let on = (keys(rows, identity).into_iter().enumerate())
+        .map(|(j, key)| (key.unalias(), Placeholder::JoinKey.column(j)))
+        .collect();
+    let joined = join_nulls_equal(rows.clone(), sums, on, JoinType::Inner)?;
+    let mut exprs = keys(rows, identity);
+    exprs.push((factor * Placeholder::Contracted.column(0)).alias(GRADIENT));
+    LogicalPlanBuilder::from(joined).project(exprs)?.build()
 }
 
 /// The identity columns `identity` of `rows` as the keys
@@ -234,11 +325,18 @@ fn keys(rows: &LogicalPlan, identity: &[usize]) -> Vec<Expr> {
 
 impl PartialOrd for GroupJoin {
     fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        (&self.rows, &self.identity, &self.contributions).partial_cmp(&(
-            &other.rows,
-            &other.identity,
-            &other.contributions,
-        ))
+        (
+            &self.rows,
+            &self.identity,
+            &self.contributions,
+            &self.scaled,
+        )
+            .partial_cmp(&(
+                &other.rows,
+                &other.identity,
+                &other.contributions,
+                &other.scaled,
+            ))
     }
 }
 
@@ -263,7 +361,40 @@ pub fn plain_group_joins(plan: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 impl UserDefinedLogicalNodeCore for GroupJoin {
-    kit::node_without_expressions!("GroupJoin", [rows, contributions]);
+    fn name(&self) -> &str {
+        "GroupJoin"
+    }
+
+    /// The rows, the contributions, then the scaled sums.
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        let mut inputs = vec![&self.rows, &self.contributions];
+        inputs.extend(&self.scaled);
+        inputs
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
+        if !exprs.is_empty() || inputs.len() != 2 + self.scaled.len() {
+            return internal_err!(
+                "GroupJoin takes {} input plans and no expressions",
+                2 + self.scaled.len()
+            );
+        }
+        let mut inputs = inputs.into_iter();
+        Ok(Self {
+            rows: inputs.next().expect("rows"),
+            contributions: inputs.next().expect("contributions"),
+            scaled: inputs.collect(),
+            ..self.clone()
+        })
+    }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "GroupJoin: gradient of `{}`'s rows", self.names.0)

@@ -58,6 +58,7 @@ use datafusion::optimizer::{Optimizer, OptimizerContext, OptimizerRule};
 #[cfg(feature = "ballista")]
 pub(crate) use backward::inner;
 use backward::{Backward, Seed};
+pub(crate) use factored::Scaled;
 pub(crate) use group_join::plain_group_joins;
 pub(crate) use group_join::{as_group_join, GroupJoin};
 pub(crate) use row_check::plain_check;
@@ -109,19 +110,51 @@ pub(crate) fn gradient_table(
     )
 }
 
+/// The contributions to a gradient table, whose sums per parameter row
+/// are the gradient: relations of columns `__dfgrad_key{j}` (the identity
+/// columns) and `__dfgrad_gradient`, a row per read of a parameter row;
+/// and sums keyed by the identity that the rows meet, each times a factor
+/// of its row ([`Scaled`]).
+#[derive(Debug, Default)]
+pub(crate) struct Contributions {
+    pub plans: Vec<LogicalPlan>,
+    pub scaled: Vec<Scaled>,
+}
+
+impl Contributions {
+    /// Both kinds of `other`'s added.
+    pub fn extend(&mut self, other: Contributions) {
+        self.plans.extend(other.plans);
+        self.scaled.extend(other.scaled);
+    }
+
+    /// Every contribution as a relation of rows: the scaled sums met by
+    /// the rows of `relation` (the parameter relation, told apart by its
+    /// columns `identity`).
+    pub fn into_plans(
+        self,
+        relation: &LogicalPlan,
+        identity: &[usize],
+    ) -> Result<Vec<LogicalPlan>> {
+        let mut plans = self.plans;
+        for s in self.scaled {
+            plans.push(group_join::met(relation, identity, &s.sums, s.factor)?);
+        }
+        Ok(plans)
+    }
+}
+
 /// The contributions to the gradient of the loss `loss` (as for
 /// [`gradient_table`]) with respect to `parameter` (its aggregates shared,
-/// see [`share_aggregates`]): relations of columns `__dfgrad_key{j}` (the
-/// identity columns) and `__dfgrad_gradient`, a row per read of a parameter
-/// row, whose sums per identity are the gradient. `constants` are subplans
-/// read as data although they read the parameter rows (the caller adds
-/// the derivative through them).
+/// see [`share_aggregates`]), whose sums per identity are the gradient.
+/// `constants` are subplans read as data although they read the parameter
+/// rows (the caller adds the derivative through them).
 pub(crate) fn loss_contributions(
     loss: &LogicalPlan,
     parameter: Parameter,
     constants: &[LogicalPlan],
     rules: &Rules,
-) -> Result<Vec<LogicalPlan>> {
+) -> Result<Contributions> {
     let value = loss.schema().field(0);
     if !value.data_type().is_numeric() {
         return fail(
@@ -160,7 +193,7 @@ pub(crate) fn weighted_contributions(
     parameter: Parameter,
     constants: &[LogicalPlan],
     rules: &Rules,
-) -> Result<Vec<LogicalPlan>> {
+) -> Result<Contributions> {
     let seed = Seed {
         relation: None,
         terms,
@@ -175,7 +208,7 @@ fn contributions(
     parameter: Parameter,
     constants: &[LogicalPlan],
     rules: &Rules,
-) -> Result<Vec<LogicalPlan>> {
+) -> Result<Contributions> {
     let mut backward = Backward::new(
         parameter.relation,
         parameter.column,
