@@ -5,8 +5,10 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, Float64Array, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{concat_batches, take_record_batch};
+use datafusion::arrow::array::{
+    new_empty_array, Array, ArrayRef, AsArray, Float64Array, RecordBatch,
+};
+use datafusion::arrow::compute::concat;
 use datafusion::arrow::datatypes::Float64Type;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
@@ -104,30 +106,41 @@ impl ExecutionPlan for GroupJoinExec {
         let scaled = self.scaled.clone();
         let identity = self.identity.clone();
         let metrics = BaselineMetrics::new(&self.metrics, partition);
-        let batch_size = context.session_config().batch_size();
         let out = Arc::clone(&schema);
         let output = async move {
             let reservation = MemoryConsumer::new("GroupJoinExec").register(context.memory_pool());
-            let rows = concat_batches(&rows.schema(), &collect(rows, Arc::clone(&context)).await?)?;
-            reservation.try_grow(rows.get_array_memory_size())?;
+            let rows_schema = rows.schema();
+            let batches = collect(rows, Arc::clone(&context)).await?;
+            let size = batches.iter().map(RecordBatch::get_array_memory_size).sum();
+            reservation.try_grow(size)?;
+            let count = batches.iter().map(RecordBatch::num_rows).sum();
+            // A column of all the rows (the batches are passed on as read).
+            let whole = |i: usize| -> Result<ArrayRef> {
+                match batches.as_slice() {
+                    [] => Ok(new_empty_array(rows_schema.field(i).data_type())),
+                    [one] => Ok(Arc::clone(one.column(i))),
+                    all => {
+                        let parts: Vec<&dyn Array> =
+                            all.iter().map(|b| b.column(i).as_ref()).collect();
+                        Ok(concat(&parts)?)
+                    }
+                }
+            };
             let time = metrics.elapsed_compute().clone();
             let index = {
                 let _timer = time.timer();
-                let keys = identity
-                    .iter()
-                    .map(|&i| Arc::clone(rows.column(i)))
-                    .collect();
-                Arc::new(RowIndex::build(keys, rows.num_rows(), &check, reservation)?)
+                let keys = identity.iter().map(|&i| whole(i)).collect::<Result<_>>()?;
+                Arc::new(RowIndex::build(keys, count, &check, reservation)?)
             };
             let inputs = std::iter::once((contributions, false))
                 .chain(scaled.into_iter().map(|s| (s, true)))
                 .map(|(plan, touched)| summed(plan, &index, &context, &time, touched));
             let mut sums = try_join_all(inputs).await?.into_iter();
             let mut total = sums.next().expect("the contributions");
-            let visible = rows.num_columns() - sums.len();
+            let visible = rows_schema.fields().len() - sums.len();
             for (s, sums) in sums.enumerate() {
-                let Some(factors) = rows.column(visible + s).as_primitive_opt::<Float64Type>()
-                else {
+                let factors = whole(visible + s)?;
+                let Some(factors) = factors.as_primitive_opt::<Float64Type>() else {
                     return internal_err!("a group join's factors are doubles");
                 };
                 let _timer = time.timer();
@@ -137,22 +150,20 @@ impl ExecutionPlan for GroupJoinExec {
                     }
                 }
             }
-            let mut columns = rows.columns()[..visible].to_vec();
-            columns
-                .push(Arc::new(Float64Array::from(std::mem::take(&mut total.values))) as ArrayRef);
-            let all = RecordBatch::try_new(out, columns)?;
-            metrics.record_output(all.num_rows());
+            metrics.record_output(count);
             metrics.done();
-            // Batches of their own, copied as they are read: slices of one
-            // large batch each count as all of it in a consumer's memory
-            // accounting.
-            let batches = (0..all.num_rows())
-                .step_by(batch_size.max(1))
-                .map(move |start| {
-                    let end = all.num_rows().min(start + batch_size);
-                    let indices = UInt32Array::from_iter_values(start as u32..end as u32);
-                    Ok(take_record_batch(&all, &indices)?)
-                });
+            // Each batch of rows as read, with its rows' gradients (copied:
+            // slices of one large array each count as all of it in a
+            // consumer's memory accounting).
+            let gradients = std::mem::take(&mut total.values);
+            let mut start = 0;
+            let batches = batches.into_iter().map(move |b| {
+                let end = start + b.num_rows();
+                let mut columns = b.columns()[..visible].to_vec();
+                columns.push(Arc::new(Float64Array::from(gradients[start..end].to_vec())));
+                start = end;
+                Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+            });
             Ok::<_, DataFusionError>(futures::stream::iter(batches))
         };
         let stream = futures::stream::once(output).try_flatten();

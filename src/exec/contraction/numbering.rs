@@ -189,6 +189,9 @@ impl Numbering {
                 ids, values, null, ..
             } => {
                 let column = as_i64(&columns[0])?;
+                // The last value numbered: rows of one key tend to come
+                // together (a matrix's rows), and a repeat needs no lookup.
+                let mut last: Option<(i64, u32)> = None;
                 for row in 0..column.len() {
                     if column.is_null(row) {
                         out.push(match nulls {
@@ -201,10 +204,15 @@ impl Numbering {
                         continue;
                     }
                     let v = column.value(row);
-                    out.push(*ids.entry(v).or_insert_with(|| {
-                        values.push(Some(v));
-                        values.len() as u32 - 1
-                    }));
+                    let id = match last {
+                        Some((value, id)) if value == v => id,
+                        _ => *ids.entry(v).or_insert_with(|| {
+                            values.push(Some(v));
+                            values.len() as u32 - 1
+                        }),
+                    };
+                    last = Some((v, id));
+                    out.push(id);
                 }
             }
             By::Integers { ids, values, .. } => {
