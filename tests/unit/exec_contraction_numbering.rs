@@ -126,3 +126,64 @@ fn several_integer_columns_are_numbered_by_their_tuples() {
     keys.find(&outside, &mut out).unwrap();
     assert_eq!(out, [NONE, NONE, NONE, NONE]);
 }
+
+/// Small non-negative integers go to a vector indexed by value, grown as
+/// more values come (moving the values it then covers out of the hash
+/// table), the rest to the hash table: the numbers are the first-seen
+/// order's either way, before and after freezing, over many batches.
+#[test]
+fn integers_in_and_out_of_the_slots_keep_first_seen_numbers() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let mut rng = StdRng::seed_from_u64(47);
+    for case in 0..40 {
+        let mut grouped = Numbering::new(&[DataType::Int64], Nulls::Grouped).unwrap();
+        let mut expected: std::collections::HashMap<Option<i64>, u32> = Default::default();
+        let mut first_seen = vec![];
+        // wide values first in some cases: a later growth must move them
+        let wide = [10_000, 5_000_000, i64::MAX][case % 3];
+        for _ in 0..rng.random_range(1..6) {
+            let values: Vec<Option<i64>> = (0..rng.random_range(0..400))
+                .map(|_| match rng.random_range(0..10) {
+                    0 => None,
+                    1 => Some(-rng.random_range(1..1000)),
+                    2 => Some(rng.random_range(0..wide)),
+                    _ => Some(rng.random_range(0..3000)),
+                })
+                .collect();
+            let want: Vec<u32> = (values.iter())
+                .map(|v| {
+                    let next = expected.len() as u32;
+                    *expected.entry(*v).or_insert_with(|| {
+                        first_seen.push(*v);
+                        next
+                    })
+                })
+                .collect();
+            let column: ArrayRef = Arc::new(Int64Array::from(values));
+            assert_eq!(numbers(&mut grouped, column), want, "case {case}");
+        }
+        let values = grouped.values().unwrap();
+        assert_eq!(
+            values[0].as_ref(),
+            &Int64Array::from(first_seen.clone()) as &dyn Array
+        );
+        let probe: Vec<Option<i64>> = (0..500)
+            .map(|_| match rng.random_range(0..3) {
+                0 => first_seen[rng.random_range(0..first_seen.len())],
+                1 => Some(rng.random_range(-2000..6000)),
+                _ => Some(rng.random_range(0..wide)),
+            })
+            .collect();
+        let want: Vec<u32> = (probe.iter())
+            .map(|v| expected.get(v).copied().unwrap_or(NONE))
+            .collect();
+        let probe: ArrayRef = Arc::new(Int64Array::from(probe));
+        let mut out = vec![];
+        grouped.find(&[Arc::clone(&probe)], &mut out).unwrap();
+        assert_eq!(out, want, "case {case}");
+        grouped.freeze();
+        grouped.find(&[probe], &mut out).unwrap();
+        assert_eq!(out, want, "case {case} frozen");
+    }
+}

@@ -36,7 +36,7 @@ const MAX_MATRIX: usize = 1 << 24;
 /// a place in `P`), when it is one: one aggregate, build groups, no links,
 /// a key with a dense list, and every factor of those lists finite and not
 /// NULL.
-pub(super) fn matrix(build: &Build, aggregates: usize) -> Option<Vec<f64>> {
+pub(super) fn matrix(build: &Build, aggregates: usize) -> Option<Matrix> {
     let width = build.width();
     let keys = build.keys.len();
     let usable = aggregates == 1
@@ -48,6 +48,10 @@ pub(super) fn matrix(build: &Build, aggregates: usize) -> Option<Vec<f64>> {
     if !usable {
         return None;
     }
+    if build.dense.iter().all(|&d| d) {
+        // The factors listed by key and, within a key, by group are `B`.
+        return (build.factor.iter().all(|f| f.is_finite())).then_some(Matrix::Factors);
+    }
     let mut matrix = vec![0.0; keys * width];
     for (k, row) in matrix.chunks_exact_mut(width).enumerate() {
         if build.dense[k] {
@@ -58,7 +62,27 @@ pub(super) fn matrix(build: &Build, aggregates: usize) -> Option<Vec<f64>> {
             row.copy_from_slice(factors);
         }
     }
-    Some(matrix)
+    Some(Matrix::Own(matrix))
+}
+
+/// Where a build side's matrix `B` is.
+#[derive(Debug)]
+pub(super) enum Matrix {
+    /// Every key's list is dense: `B` is the build's factors as listed.
+    Factors,
+    /// `B` made apart, with zero rows for the keys whose lists are not
+    /// dense.
+    Own(Vec<f64>),
+}
+
+impl Matrix {
+    /// The bytes it holds apart from the build's factors.
+    pub(super) fn size(&self) -> usize {
+        match self {
+            Matrix::Factors => 0,
+            Matrix::Own(matrix) => matrix.len() * 8,
+        }
+    }
 }
 
 /// The probe factors of a partition laid out against the dense build
@@ -127,8 +151,10 @@ impl DenseProduct {
     /// Adds `P · B` to `groups` (making the groups of every probe group
     /// with a place), `B` the matrix of `build`, and empties `P`.
     pub(super) fn flush(&mut self, build: &Build, groups: &mut Groups) {
-        let Some(matrix) = &build.matrix else {
-            return;
+        let matrix = match &build.matrix {
+            Some(Matrix::Factors) => &build.factor[..],
+            Some(Matrix::Own(matrix)) => &matrix[..],
+            None => return,
         };
         if self.count == 0 {
             return;

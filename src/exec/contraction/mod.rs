@@ -284,7 +284,7 @@ struct Build {
     dense: Vec<bool>,
     /// The build side as a dense matrix for a GEMM, where it is one
     /// ([`gemm::matrix`]); made once, for every output partition.
-    matrix: Option<Vec<f64>>,
+    matrix: Option<gemm::Matrix>,
     memory: MemoryReservation,
 }
 
@@ -839,6 +839,11 @@ impl Build {
                 }
             }
             let linked = !link_numbers.is_empty();
+            key.reserve(side.rows);
+            group.reserve(side.rows);
+            link.reserve(if linked { side.rows } else { 0 });
+            factor.reserve(side.rows * aggregates);
+            valid.reserve(side.rows * aggregates);
             for row in 0..side.rows {
                 if key_numbers[row] == NONE || (linked && link_numbers[row] == NONE) {
                     continue;
@@ -906,23 +911,23 @@ impl Build {
             })
             .collect();
         let all_valid = valid.iter().all(|&v| v);
-        let listed = |per: usize, values: &[f64]| -> Vec<f64> {
-            order
-                .iter()
-                .flat_map(|&row| values[row * per..(row + 1) * per].iter().copied())
-                .collect()
-        };
-        let factor = listed(aggregates, &factor);
+        // Each row's `aggregates` values, in the order listed.
+        fn listed<T: Copy>(order: &[usize], per: usize, values: &[T]) -> Vec<T> {
+            match per {
+                1 => order.iter().map(|&row| values[row]).collect(),
+                _ => {
+                    let mut out = Vec::with_capacity(order.len() * per);
+                    for &row in order {
+                        out.extend_from_slice(&values[row * per..(row + 1) * per]);
+                    }
+                    out
+                }
+            }
+        }
+        let factor = listed(&order, aggregates, &factor);
         let valid = match all_valid {
             true => vec![],
-            false => order
-                .iter()
-                .flat_map(|&row| {
-                    valid[row * aggregates..(row + 1) * aggregates]
-                        .iter()
-                        .copied()
-                })
-                .collect(),
+            false => listed(&order, aggregates, &valid),
         };
         let group = order.iter().map(|&row| group[row]).collect();
         let link = match link.is_empty() {
@@ -943,7 +948,7 @@ impl Build {
         };
         // Without the memory for it, no matrix: the rows are added one by one.
         build.matrix =
-            gemm::matrix(&build, aggregates).filter(|m| build.memory.try_grow(m.len() * 8).is_ok());
+            gemm::matrix(&build, aggregates).filter(|m| build.memory.try_grow(m.size()).is_ok());
         Ok(build)
     }
 

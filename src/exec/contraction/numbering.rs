@@ -2,8 +2,10 @@
 //! group keys of a contraction, numbered `0, 1, 2, …` in the order they are
 //! first met, so the operator's tables are vectors indexed by number.
 //!
-//! One integer column (the usual id column) is numbered through a hash table
-//! of its values; several integer columns (a composite id) through one of
+//! One integer column (the usual id column) is numbered through a vector
+//! indexed by value for small non-negative values (ids `0, 1, 2, …`, grown
+//! while the values it covers stay few beside the values numbered) and a
+//! hash table of the other values; several integer columns (a composite id) through one of
 //! their tuples of values (up to four columns); any other supported columns (strings, `UInt64`)
 //! through their Arrow row encoding, whose equality is DataFusion's for
 //! these types. A frozen numbering of integers spanning a small range looks
@@ -66,12 +68,17 @@ enum By {
     /// One integer column, as `i64`.
     Integer {
         data_type: DataType,
+        /// `slots[v]` is the number of the value `v` (`NONE`: none yet)
+        /// for `0 ≤ v < slots.len()`; such a value is never in `ids`.
+        slots: Vec<u32>,
+        /// The numbers of the values that `slots` does not cover.
         ids: HashMap<i64, u32>,
         /// The values in the order of their numbers (`None`: NULL).
         values: Vec<Option<i64>>,
         null: Option<u32>,
-        /// After [`Numbering::freeze`], where the values span a small
-        /// range: `slots[v - low]` is the number of `v` (`u32::MAX`: none).
+        /// After [`Numbering::freeze`], where `ids` hold some values and
+        /// all span a small range: `slots[v - low]` is the number of `v`
+        /// (`u32::MAX`: none).
         direct: Option<(i64, Vec<u32>)>,
     },
     /// Two to [`TUPLE`]` - 1` integer columns, as tuples of `i64`: per row,
@@ -109,6 +116,7 @@ impl Numbering {
         let by = match types {
             [t] if integer(t) => By::Integer {
                 data_type: t.clone(),
+                slots: Vec::new(),
                 ids: HashMap::default(),
                 values: Vec::new(),
                 null: None,
@@ -156,12 +164,14 @@ impl Numbering {
     pub fn size(&self) -> usize {
         match &self.by {
             By::Integer {
+                slots,
                 ids,
                 values,
                 direct,
                 ..
             } => {
-                ids.capacity() * 16
+                slots.capacity() * 4
+                    + ids.capacity() * 16
                     + values.capacity() * 16
                     + direct.as_ref().map_or(0, |(_, d)| d.capacity() * 4)
             }
@@ -186,9 +196,14 @@ impl Numbering {
         let nulls = self.nulls;
         match &mut self.by {
             By::Integer {
-                ids, values, null, ..
+                slots,
+                ids,
+                values,
+                null,
+                ..
             } => {
                 let column = as_i64(&columns[0])?;
+                out.reserve(column.len());
                 // The last value numbered: rows of one key tend to come
                 // together (a matrix's rows), and a repeat needs no lookup.
                 let mut last: Option<(i64, u32)> = None;
@@ -206,10 +221,25 @@ impl Numbering {
                     let v = column.value(row);
                     let id = match last {
                         Some((value, id)) if value == v => id,
-                        _ => *ids.entry(v).or_insert_with(|| {
-                            values.push(Some(v));
-                            values.len() as u32 - 1
-                        }),
+                        _ => {
+                            if v >= 0 && v as u64 >= slots.len() as u64 && covers(v, values.len()) {
+                                grow(slots, ids, v);
+                            }
+                            let next = values.len() as u32;
+                            let id = match usize::try_from(v).ok().and_then(|i| slots.get_mut(i)) {
+                                Some(slot) => {
+                                    if *slot == NONE {
+                                        *slot = next;
+                                    }
+                                    *slot
+                                }
+                                None => *ids.entry(v).or_insert(next),
+                            };
+                            if id == next {
+                                values.push(Some(v));
+                            }
+                            id
+                        }
                     };
                     last = Some((v, id));
                     out.push(id);
@@ -271,15 +301,18 @@ impl Numbering {
                 direct,
                 ..
             } => {
+                // (where `slots` hold every value, they are the direct lookup)
                 let present = values.iter().flatten();
                 let (Some(low), Some(high)) = (present.clone().min(), present.max()) else {
                     return;
                 };
                 let span = (*high as i128 - *low as i128 + 1) as u128;
-                if span <= 4 * values.len() as u128 + 1024 {
+                if !ids.is_empty() && span <= 4 * values.len() as u128 + 1024 {
                     let mut slots = vec![NONE; span as usize];
-                    for (&v, &id) in ids.iter() {
-                        slots[(v - low) as usize] = id;
+                    for (id, v) in values.iter().enumerate() {
+                        if let Some(v) = v {
+                            slots[(v - low) as usize] = id as u32;
+                        }
                     }
                     *direct = Some((*low, slots));
                 }
@@ -300,7 +333,11 @@ impl Numbering {
         out.clear();
         match &self.by {
             By::Integer {
-                ids, null, direct, ..
+                slots,
+                ids,
+                null,
+                direct,
+                ..
             } => {
                 let column = as_i64(&columns[0])?;
                 let null = match self.nulls {
@@ -320,10 +357,13 @@ impl Numbering {
                             false => NONE,
                         }
                     })),
-                    None => out.extend(values.iter().enumerate().map(|(row, v)| {
-                        match has_nulls && column.is_null(row) {
-                            true => null,
-                            false => ids.get(v).copied().unwrap_or(NONE),
+                    None => out.extend(values.iter().enumerate().map(|(row, &v)| {
+                        if has_nulls && column.is_null(row) {
+                            return null;
+                        }
+                        match usize::try_from(v).ok().and_then(|i| slots.get(i)) {
+                            Some(&id) => id,
+                            None => ids.get(&v).copied().unwrap_or(NONE),
                         }
                     })),
                 }
@@ -386,6 +426,28 @@ impl Numbering {
             } => Ok(converter.convert_rows(rows)?),
         }
     }
+}
+
+/// Whether a numbering's `slots` may grow to cover the value `v` while it
+/// has given `count` numbers: the values covered stay few beside them.
+fn covers(v: i64, count: usize) -> bool {
+    v < 1 << 30 && (v as u64) < 4 * count as u64 + 1024
+}
+
+/// `slots` grown to cover `v` (to a power of two), the values of `ids` it
+/// now covers moved into it.
+fn grow(slots: &mut Vec<u32>, ids: &mut HashMap<i64, u32>, v: i64) {
+    let len = (v as usize + 1).next_power_of_two();
+    slots.resize(len, NONE);
+    ids.retain(
+        |&k, &mut id| match usize::try_from(k).ok().filter(|&i| i < len) {
+            Some(i) => {
+                slots[i] = id;
+                false
+            }
+            None => true,
+        },
+    );
 }
 
 /// A frozen numbering of tuples of integers as a grid of slots (see

@@ -38,7 +38,7 @@ use datafusion::logical_expr::{
     LogicalPlanBuilder, Projection, SubqueryAlias, Window, WindowFunctionDefinition,
 };
 
-use super::block::{Alternative, Blocks, LeafKind};
+use super::block::{Alternative, Blocks, Leaf, LeafKind};
 use super::factored::{self, PerRow, Scaled};
 use super::Contributions;
 use crate::engine::{differentiate, Seed as Sweep};
@@ -267,8 +267,7 @@ impl<'a> Backward<'a> {
                     let factor = factor
                         .transform_up(|e| match &e {
                             Expr::Column(c) if c.relation.as_ref() == Some(&leaf.qualifier) => {
-                                let plain = Column::new_unqualified(c.name.clone());
-                                match Placeholder::LeafColumn.index(&plain) {
+                                match Leaf::index_of(&leaf.qualifier, c) {
                                     Some(i) => {
                                         Ok(Transformed::yes(Expr::Column(relation[i].clone())))
                                     }

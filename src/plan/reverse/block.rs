@@ -71,6 +71,15 @@ impl Leaf {
         ))
     }
 
+    /// `i` where `c` is column `i` of the leaf qualified `qualifier` (as
+    /// [`Leaf::column`] makes it).
+    pub fn index_of(qualifier: &TableReference, c: &Column) -> Option<usize> {
+        match c.relation.as_ref() == Some(qualifier) {
+            true => Placeholder::LeafColumn.index(&Column::new_unqualified(c.name.clone())),
+            false => None,
+        }
+    }
+
     /// Its column that is NULL where an outer join padded it.
     pub fn present(&self) -> Expr {
         Expr::Column(Column::new(Some(self.qualifier.clone()), PRESENT))

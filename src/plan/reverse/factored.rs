@@ -47,7 +47,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::{Column, DFSchema, NullEquality, ScalarValue, TableReference};
+use datafusion::common::{DFSchema, NullEquality, ScalarValue, TableReference};
 use datafusion::error::Result;
 use datafusion::logical_expr::expr::Case;
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
@@ -56,6 +56,7 @@ use datafusion::logical_expr::{
 };
 
 use super::backward::{aggregate, sum};
+use super::block::Leaf;
 use crate::plan::{columns, join_nulls_equal};
 use crate::reserved::{Placeholder, GRADIENT};
 
@@ -580,10 +581,7 @@ fn identity_order(
         let Expr::Column(c) = key else {
             return None;
         };
-        if c.relation.as_ref() != Some(target) {
-            return None;
-        }
-        let i = Placeholder::LeafColumn.index(&Column::new_unqualified(c.name.clone()))?;
+        let i = Leaf::index_of(target, c)?;
         let j = identity.iter().position(|&x| x == i)?;
         if order[j].replace(position).is_some() {
             return None;

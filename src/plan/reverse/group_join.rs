@@ -91,17 +91,15 @@ impl GroupJoin {
         let Contributions { plans, scaled } = contributions;
         let factors: Vec<Expr> = scaled.iter().map(|s| s.factor.clone()).collect();
         let rows = with_factors(relation, keys(relation, identity), &factors)?;
-        let keys = LogicalPlanBuilder::from(relation.clone())
-            .project(keys(relation, identity))?
-            .build()?;
-        let width = keys.schema().fields().len();
+        // the first `width` columns of `rows` are the keys
+        let width = identity.len();
         let mut union: Option<LogicalPlanBuilder> = None;
         for c in plans {
             // the keys as the rows have them, the partial as a double
             let mut exprs = Vec::with_capacity(width + 1);
             for (j, e) in columns(&c).into_iter().enumerate() {
                 let to = match j < width {
-                    true => keys.schema().field(j).data_type().clone(),
+                    true => rows.schema().field(j).data_type().clone(),
                     false => DataType::Float64,
                 };
                 let name = c.schema().field(j).name().clone();
@@ -120,9 +118,9 @@ impl GroupJoin {
             Some(u) => u.build()?,
             // no contribution: a relation of none
             None => {
-                let mut exprs = columns(&keys);
+                let mut exprs: Vec<Expr> = columns(&rows).into_iter().take(width).collect();
                 exprs.push(num(0.0).alias(GRADIENT));
-                LogicalPlanBuilder::from(keys.clone())
+                LogicalPlanBuilder::from(rows.clone())
                     .project(exprs)?
                     .limit(0, Some(0))?
                     .build()?
