@@ -20,10 +20,20 @@ runs); the script checks that the loss after one step agrees between the
 two forms to 1e-9 relative (exit status 1 otherwise) and prints the
 medians, the relational forward loss query and the ratios.
 
+With ``--loop T``, the training loop in one query instead (planned once
+for all its steps): ``CREATE OR REPLACE TABLE w AS WITH RECURSIVE
+train(step, layer, i, j, val)`` whose recursive term is ``val - lr *
+grad((loss over the previous step's rows), val)``, keeping the last step's
+rows, against the same loop over the tensor columns; the losses after
+them (untimed) are checked to agree to 1e-9. Both run for 1 and for T
+steps, and a step's cost is the difference over T - 1 (the planning
+cancels out).
+
 Usage:
 
     python3 benches/compare_relational_mlp.py                 # N=500 D=784 H=20 C=10
     python3 benches/compare_relational_mlp.py --rows 2000 --repeat 3
+    python3 benches/compare_relational_mlp.py --loop 20       # steps in one query
     DFGRAD=target/release/dfgrad python3 benches/compare_relational_mlp.py
 """
 
@@ -43,6 +53,7 @@ def main():
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.5)
+    ap.add_argument("--loop", type=int, help="time T steps in one recursive query instead")
     args = ap.parse_args()
     dfgrad = os.environ.get("DFGRAD", "target/release/dfgrad")
     n, d, h, c, lr = args.rows, args.features, args.hidden, args.classes, args.lr
@@ -89,6 +100,8 @@ CREATE TABLE tp0 AS SELECT
 CREATE TABLE tp AS SELECT * FROM tp0;
 """
     logits = "tensor_add(matmul(relu(tensor_add(matmul(x, w1), b1)), w2), b2)"
+    if args.loop:
+        return loop(args, dfgrad, setup, loss, logits)
     queries = {
         "relational forward": f"{loss} SELECT loss AS r FROM mlp_loss;",
         "relational step": f"CREATE OR REPLACE TABLE w AS {loss} SELECT layer, i, j, "
@@ -143,6 +156,84 @@ CREATE TABLE tp AS SELECT * FROM tp0;
         print(f"| {name} | {m:.3f} | {m / base:.1f} |")
     print(f"loss after one step: relational {after[0][0]:.12g}, tensor {after[0][1]:.12g} "
           f"(largest relative difference {worst:.2e})")
+    if worst > 1e-9:
+        sys.exit("the two forms disagree")
+
+
+def loop(args, dfgrad, setup, loss, logits):
+    """`--loop T`: the training loop in one query, relational and tensor."""
+    lr, steps = args.lr, args.loop
+    if steps < 2:
+        sys.exit("--loop needs at least 2 steps")
+    # The loss CTEs over the recursive one (their leading WITH dropped).
+    ctes = loss.strip()[len("WITH "):]
+
+    def relational(t):
+        return f"""CREATE OR REPLACE TABLE w AS WITH RECURSIVE train(step, layer, i, j, val) AS (
+  SELECT 0, layer, i, j, val FROM w0
+  UNION ALL
+  SELECT step + 1, layer, i, j, val - {lr} * grad((
+    WITH w AS (SELECT layer, i, j, val FROM train), {ctes}
+    SELECT loss FROM mlp_loss), val)
+  FROM train WHERE step < {t})
+SELECT layer, i, j, val FROM train WHERE step = {t};
+{loss} SELECT loss AS r FROM mlp_loss;"""
+
+    def tensor(t):
+        g = f"grad(cross_entropy({logits}, y), w1, b1, w2, b2)"
+        return f"""CREATE OR REPLACE TABLE tp AS WITH RECURSIVE tr(step, w1, b1, w2, b2) AS (
+  SELECT 0, w1, b1, w2, b2 FROM tp0
+  UNION ALL
+  SELECT step + 1, tensor_sub(w1, scale(g['w1'], {lr})), tensor_sub(b1, scale(g['b1'], {lr})),
+    tensor_sub(w2, scale(g['w2'], {lr})), tensor_sub(b2, scale(g['b2'], {lr}))
+  FROM (SELECT step, w1, b1, w2, b2, {g} AS g FROM tr CROSS JOIN td WHERE step < {t}))
+SELECT w1, b1, w2, b2 FROM tr WHERE step = {t};
+SELECT cross_entropy({logits}, y) AS r FROM tp CROSS JOIN td;"""
+
+    queries = {
+        "relational 1": relational(1),
+        f"relational {steps}": relational(steps),
+        "tensor 1": tensor(1),
+        f"tensor {steps}": tensor(steps),
+    }
+    script, order = setup, []
+    for k in range(args.repeat):
+        names = list(queries) if k % 2 == 0 else list(queries)[::-1]
+        script += "\n".join(queries[name] for name in names) + "\n"
+        order += names
+    out = subprocess.run(
+        [dfgrad, "--maxrows", "inf", "-c", script], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        sys.exit(f"dfgrad failed: {out.stderr}")
+    elapsed = [float(t) for t in re.findall(r"Elapsed ([0-9.]+) seconds", out.stdout + out.stderr)]
+    # the setup's 7 statements, then per query the loop and the loss after
+    elapsed = elapsed[7::2]
+    values = [float(v) for v in re.findall(r"^\| ([-0-9.e+]+)\s*\|$", out.stdout, re.M)]
+    times = {name: [] for name in queries}
+    losses = {name: [] for name in queries}
+    for name, t, v in zip(order, elapsed, values):
+        times[name].append(t)
+        losses[name].append(v)
+    worst = 0.0
+    for t in ("1", str(steps)):
+        for a in losses[f"relational {t}"]:
+            for b in losses[f"tensor {t}"]:
+                worst = max(worst, abs(a - b) / max(abs(a), abs(b), 1e-300))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    per_step = {
+        form: (med[f"{form} {steps}"] - med[f"{form} 1"]) / (steps - 1) for form in ("relational", "tensor")
+    }
+    n, d, h, c = args.rows, args.features, args.hidden, args.classes
+    print(f"N={n} D={d} H={h} C={c}, loops of 1 and {steps} steps, {args.repeat} runs each, dfgrad {dfgrad}")
+    print("| query | median s |")
+    print("|---|---|")
+    for name, m in med.items():
+        print(f"| {name} step(s) | {m:.3f} |")
+    print(f"per step: relational {per_step['relational']:.4f} s, tensor {per_step['tensor']:.4f} s, "
+          f"ratio {per_step['relational'] / per_step['tensor']:.1f}")
+    print(f"loss after {steps} steps: relational {losses[f'relational {steps}'][0]:.12g}, "
+          f"tensor {losses[f'tensor {steps}'][0]:.12g} (largest relative difference {worst:.2e})")
     if worst > 1e-9:
         sys.exit("the two forms disagree")
 

@@ -129,9 +129,9 @@ pub fn register_with_rules(ctx: &SessionContext, rules: Rules) {
     let mut state = state.write();
     *state =
         SessionStateBuilder::new_from_existing(plan::analyzer::with_rewrite_rules(state.clone()))
+            .with_physical_optimizer_rule(Arc::new(Contraction))
             .with_physical_optimizer_rule(Arc::new(LoopInvariants))
             .with_physical_optimizer_rule(Arc::new(BroadcastAggregate::default()))
-            .with_physical_optimizer_rule(Arc::new(Contraction))
             .with_physical_optimizer_rule(Arc::new(SerialIterations))
             .with_physical_optimizer_rule(Arc::new(StepProjections))
             .with_query_planner(Arc::new(physical_planner::SharingPlanner))

@@ -580,3 +580,65 @@ async fn shares_of_rows_pair_the_same_rows_in_every_column_group() -> Result<()>
 
 /// Serializes the tests that count `tick` calls.
 static COUNTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A relational training loop: a linear model's weights are the loop's rows,
+/// its prediction a contraction of the data (`x`, through `tick`) with
+/// them. The contraction of the backward pass lists the data once for all
+/// iterations (`kept: true`), and the forward pass, a shared subplan that
+/// the backward pass reads again, keeps the data's rows too: the data is
+/// computed as often in 12 steps as in 4. The weights are those of the
+/// loop that reads the data in every iteration, and of the join +
+/// aggregate without the operator.
+#[tokio::test]
+async fn a_contraction_with_the_data_lists_it_once() -> Result<()> {
+    let _lock = COUNTING.lock().await;
+    let dir = tempfile::tempdir()?;
+    let ctx = session(dir.path(), 2, None).await?;
+    for setup in [
+        "CREATE TABLE lx AS SELECT n, k, sin(n * 0.3 + k * 1.7) AS v
+         FROM (SELECT value / 4 AS n, value % 4 AS k FROM generate_series(0, 399))",
+        "CREATE TABLE ly AS SELECT value AS n, cos(value * 0.11) AS t FROM generate_series(0, 99)",
+    ] {
+        ctx.sql(setup).await?.collect().await?;
+    }
+    let training = |steps: usize| {
+        format!(
+            "WITH RECURSIVE train(step, k, w) AS (
+               SELECT 0, value, 0.1 * value FROM generate_series(0, 3)
+               UNION ALL
+               SELECT step + 1, k, w - 0.002 * grad((
+                 SELECT sum((p.s - ly.t) * (p.s - ly.t)) FROM
+                   (SELECT x.n, sum(x.v * q.w) AS s
+                    FROM (SELECT n, k, tick(v) AS v FROM lx) x
+                    JOIN train q ON q.k = x.k GROUP BY x.n) p
+                   JOIN ly ON ly.n = p.n), w)
+               FROM train WHERE step < {steps})
+             SELECT step, k, w FROM train ORDER BY step, k"
+        )
+    };
+    let shown = plan(&ctx, &training(4)).await?;
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.contains("ContractionExec") && l.contains("kept: true")),
+        "{shown}"
+    );
+    let (four, _) = ticks(&ctx, &training(4)).await?;
+    let (twelve, kept) = ticks(&ctx, &training(12)).await?;
+    assert_eq!(four, twelve);
+    assert_eq!(kept.len(), 4 * 13);
+    set_kept(&ctx, false).await?;
+    let (read_ticks, read) = ticks(&ctx, &training(12)).await?;
+    assert!(read_ticks >= 12 * 400, "{read_ticks}");
+    assert!(close(&read, &kept), "{read:?}\n{kept:?}");
+    set_kept(&ctx, true).await?;
+    ctx.sql("SET datafusion_grad.contraction = false")
+        .await?
+        .collect()
+        .await?;
+    let joined = rows(&ctx, &training(12)).await?;
+    assert!(close(&joined, &kept), "{joined:?}\n{kept:?}");
+    // the weights moved
+    assert!((kept[51][2] - kept[3][2]).abs() > 1e-3, "{kept:?}");
+    Ok(())
+}

@@ -24,7 +24,10 @@
 //! row encoding), and every copy of the operator that an iteration's reset
 //! makes shares that table and only probes it with its own rows; the
 //! side's rows are kept by the table alone (no `LoopInvariantExec` keeps
-//! them a second time). (Not
+//! them a second time). A [`ContractionExec`] whose collected sides are
+//! loop-invariant and whose probe side is not is kept the same way: one
+//! listing of those sides serves every iteration (`kept: true` in
+//! `EXPLAIN`; [`ContractionExec::kept`]). (Not
 //! DataFusion's `HashJoinExec` kept across iterations: it registers new
 //! metrics at every execution, which then grew with the iterations.)
 //!
@@ -79,6 +82,7 @@ use futures::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
 
 use super::contraction::numbering::{supported, Nulls, Numbering, NONE};
+use super::contraction::ContractionExec;
 use super::loop_invariant::{is_invariant, LoopInvariantExec};
 
 /// `term` (a recursive term) with each hash join of exactly one
@@ -88,6 +92,12 @@ pub(crate) fn keep_build_sides(
     term: Arc<dyn ExecutionPlan>,
 ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
     term.transform_up(|node| {
+        if let Some(contraction) = node.downcast_ref::<ContractionExec>() {
+            return Ok(match contraction.kept()? {
+                Some(kept) => Transformed::yes(Arc::new(kept) as Arc<dyn ExecutionPlan>),
+                None => Transformed::no(node),
+            });
+        }
         let Some(join) = node.downcast_ref::<HashJoinExec>() else {
             return Ok(Transformed::no(node));
         };
@@ -162,11 +172,11 @@ fn kept(
     }))
 }
 
-/// A kept join's build side, which it reads once, collected into one
-/// partition: without a [`LoopInvariantExec`] at its top (the join's table
+/// A kept join's build side (or a kept contraction's), which it reads
+/// once, collected into one partition: without a [`LoopInvariantExec`] at its top (the join's table
 /// keeps its rows; kept twice, they would take twice the memory), nor a
 /// repartition below it (its partitions are merged).
-fn read_once(build: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+pub(super) fn read_once(build: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     let build = match build.downcast_ref::<LoopInvariantExec>() {
         Some(kept) => Arc::clone(kept.input()),
         None => Arc::clone(build),

@@ -34,7 +34,10 @@
 //! is then also read by every core ([`super::split_scan`]).
 //!
 //! A hash join with one loop-invariant side builds its hash table over that
-//! side once for all iterations too ([`super::kept_join`]).
+//! side once for all iterations too, and a contraction lists such a side
+//! once ([`super::kept_join`]). The rule runs after
+//! [`Contraction`](super::contraction::Contraction), which needs the joins
+//! as DataFusion planned them.
 //!
 //! ```sql
 //! SET datafusion_grad.cache_loop_invariants = false; -- read the data every iteration

@@ -55,6 +55,7 @@ pub mod shared;
 pub mod split_scan;
 pub mod step_projections;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -66,7 +67,9 @@ use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
-use datafusion::physical_plan::{ExecutionPlan, PlanProperties};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties, PlanProperties};
+
+use shared::SharedExec;
 
 /// A rewrite of a physical plan, saying whether it changed it.
 pub(crate) type PlanRewrite =
@@ -74,8 +77,10 @@ pub(crate) type PlanRewrite =
 
 /// `plan` with the recursive term of every recursive query in it
 /// (DataFusion's `RecursiveQueryExec`, our [`iterate::IterateExec`])
-/// rewritten by `term`; static terms, run once, are left as they are. The
-/// physical rules about loops use it.
+/// rewritten by `term`, and so the inputs of the shared subplans it reads
+/// that are computed in every iteration (a loss's forward pass that a
+/// gradient's backward pass reads again); static terms, run once, are left
+/// as they are. The physical rules about loops use it.
 pub(crate) fn rewrite_recursive_terms(
     plan: Arc<dyn ExecutionPlan>,
     term: &PlanRewrite,
@@ -89,7 +94,7 @@ pub(crate) fn rewrite_recursive_terms(
         let children: Vec<Arc<dyn ExecutionPlan>> = node.children().into_iter().cloned().collect();
         let [static_term, recursive_term] = <[_; 2]>::try_from(children)
             .or_else(|_| internal_err!("a recursive query has two children"))?;
-        let rewritten = term(recursive_term)?;
+        let rewritten = with_shared_inputs(recursive_term, term, &mut HashMap::new())?;
         match rewritten.transformed {
             true => Ok(Transformed::yes(replace_children_if_necessary(
                 node,
@@ -100,6 +105,66 @@ pub(crate) fn rewrite_recursive_terms(
     })
     .data()
 }
+
+/// `plan` rewritten by `rewrite`, and the inputs of the shared subplans in
+/// it that are computed in every iteration too (each input once: `done`,
+/// by the input's address, with the input itself so that the address stays
+/// its own). A rewritten input that would change what its readers were
+/// planned for (its partitioning, its order) is left as it was.
+fn with_shared_inputs(
+    plan: Arc<dyn ExecutionPlan>,
+    rewrite: &PlanRewrite,
+    done: &mut SharedInputs,
+) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
+    rewrite(plan)?.transform_parent(|plan| {
+        plan.transform_down(|node| {
+            let Some(shared) = node.downcast_ref::<SharedExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            if !shared.reads_iterations() {
+                return Ok(Transformed::no(node));
+            }
+            let was = shared.input();
+            let key = Arc::as_ptr(was) as *const () as usize;
+            let input = match done.get(&key) {
+                Some((_, input)) => Arc::clone(input),
+                None => {
+                    let new = with_shared_inputs(Arc::clone(was), rewrite, done)?.data;
+                    let same_output =
+                        same_partitioning(new.output_partitioning(), was.output_partitioning())
+                            && new.output_ordering() == was.output_ordering();
+                    let input = match same_output {
+                        true => new,
+                        false => Arc::clone(was),
+                    };
+                    done.insert(key, (Arc::clone(was), Arc::clone(&input)));
+                    input
+                }
+            };
+            Ok(match Arc::ptr_eq(&input, was) {
+                true => Transformed::no(node),
+                false => {
+                    Transformed::yes(Arc::new(shared.with_input(input)) as Arc<dyn ExecutionPlan>)
+                }
+            })
+        })
+    })
+}
+
+/// Whether two partitionings split rows alike. `Partitioning`'s own `==`
+/// never holds for `UnknownPartitioning` (nothing is known of either), but
+/// a reader planned for an unknown partitioning of n partitions reads any
+/// unknown partitioning of n partitions alike.
+fn same_partitioning(a: &Partitioning, b: &Partitioning) -> bool {
+    match (a, b) {
+        (Partitioning::UnknownPartitioning(n), Partitioning::UnknownPartitioning(m)) => n == m,
+        _ => a == b,
+    }
+}
+
+/// The shared inputs rewritten so far, by the address of the input: the
+/// input and its rewrite.
+type SharedInputs = HashMap<usize, (Arc<dyn ExecutionPlan>, Arc<dyn ExecutionPlan>)>;
 
 /// What a top-down rewrite of a physical plan ([`rewrite_down`]) does at
 /// one node.

@@ -172,12 +172,18 @@ impl SharedExec {
         input: Arc<dyn ExecutionPlan>,
         iteration: &Arc<AtomicU64>,
     ) -> Self {
-        let mut iterations = self.iterations.clone();
-        iterations.push(Arc::clone(iteration));
+        let mut shared = self.with_input(input);
+        shared.iterations.push(Arc::clone(iteration));
+        shared
+    }
+
+    /// This occurrence over `input`, which computes the same rows as its
+    /// input (a rewrite of it): the same cache and iterations.
+    pub(crate) fn with_input(&self, input: Arc<dyn ExecutionPlan>) -> Self {
         Self {
             input,
             cache: Arc::clone(&self.cache),
-            iterations,
+            iterations: self.iterations.clone(),
         }
     }
 

@@ -46,7 +46,10 @@
 //! no group column, it gives each probe row's sums as its own group, for
 //! the final aggregate to merge (not in final mode). Where the probe rows are themselves an
 //! inner join, the operator may take that join's inputs instead (a
-//! chain: `chain.rs`). Off with `SET datafusion_grad.contraction = false`.
+//! chain: `chain.rs`). In a recursive term, loop-invariant collected sides
+//! (a training loop's data) are listed once for all iterations
+//! ([`ContractionExec::kept`]). Off with `SET datafusion_grad.contraction =
+//! false`.
 
 mod chain;
 mod gemm;
@@ -93,6 +96,8 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
+use super::kept_join::read_once;
+use super::loop_invariant::is_invariant;
 use super::{at_join, dealt, kit};
 use crate::options::GradOptions;
 use chain::Near;
@@ -311,8 +316,11 @@ pub struct ContractionExec {
     right: Arc<dyn ExecutionPlan>,
     properties: Arc<PlanProperties>,
     /// The collected build side of the current execution (reset by
-    /// `reset_state`).
-    collected: Mutex<Option<SharedBuild>>,
+    /// `reset_state`), or of every execution where [`Self::kept`].
+    collected: Arc<Mutex<Option<SharedBuild>>>,
+    /// Whether the collected sides are loop-invariant sides of a recursive
+    /// term, collected once for all its iterations (see [`Self::kept`]).
+    kept: bool,
     metrics: ExecutionPlanMetricsSet,
 }
 
@@ -469,9 +477,49 @@ impl ContractionExec {
             near,
             right,
             properties,
-            collected: Mutex::new(None),
+            collected: Arc::default(),
+            kept: false,
             metrics: ExecutionPlanMetricsSet::new(),
         }
+    }
+
+    /// The operator with its collected sides (the build side, and in a
+    /// chain the near side) collected once for every iteration of the
+    /// recursive term it is in, as a [`KeptHashJoinExec`] keeps its table:
+    /// where they are loop-invariant and the probe side is not. The
+    /// `LoopInvariantExec` over such a side is dropped (the listing keeps
+    /// what it needs of the rows). `None` where it does not qualify.
+    ///
+    /// [`KeptHashJoinExec`]: crate::exec::kept_join::KeptHashJoinExec
+    pub(crate) fn kept(&self) -> Result<Option<Self>> {
+        let qualifies = |exec: &Self| {
+            let mut collected = std::iter::once(&exec.left).chain(&exec.near);
+            collected.all(is_invariant) && !is_invariant(&exec.right)
+        };
+        if self.kept || !qualifies(self) {
+            return Ok(None);
+        }
+        let mut inputs: Vec<_> = std::iter::once(&self.left)
+            .chain(&self.near)
+            .map(read_once)
+            .collect();
+        inputs.push(Arc::clone(&self.right));
+        let mut exec = Self::from_replaced(Arc::clone(&self.spec.replaced), inputs)?;
+        if !qualifies(&exec) {
+            return Ok(None);
+        }
+        exec.kept = true;
+        Ok(Some(exec))
+    }
+
+    /// `exec` (a copy of this operator) sharing this one's collected
+    /// sides where they are kept.
+    fn sharing(&self, mut exec: Self) -> Self {
+        if self.kept {
+            exec.kept = true;
+            exec.collected = Arc::clone(&self.collected);
+        }
+        exec
     }
 
     /// The aggregate and join(s) this operator replaces, over `inputs` (as
@@ -1432,6 +1480,9 @@ impl DisplayAs for ContractionExec {
         if self.spec.nulls == Nulls::Grouped {
             write!(f, ", NullsEqual: true")?;
         }
+        if self.kept {
+            write!(f, ", kept: true")?;
+        }
         if let Some(chain) = &self.spec.near {
             let through: Vec<String> = (chain.part.keys.iter())
                 .zip(&chain.probe_keys)
@@ -1518,20 +1569,20 @@ impl ExecutionPlan for ContractionExec {
         if children.len() != self.children().len() {
             return internal_err!("ContractionExec with {} new children", children.len());
         }
-        Ok(Arc::new(Self::from_replaced(
-            Arc::clone(&self.spec.replaced),
-            children,
-        )?))
+        let exec = Self::from_replaced(Arc::clone(&self.spec.replaced), children)?;
+        Ok(Arc::new(self.sharing(exec)))
     }
 
+    /// A copy that collects its sides anew, unless they are kept.
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self::new(
+        let exec = Self::new(
             Arc::clone(&self.spec),
             Arc::clone(&self.left),
             self.near.clone(),
             Arc::clone(&self.right),
             Arc::clone(&self.properties),
-        )))
+        );
+        Ok(Arc::new(self.sharing(exec)))
     }
 
     fn execute(

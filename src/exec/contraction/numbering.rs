@@ -5,13 +5,14 @@
 //! One integer column (the usual id column) is numbered through a vector
 //! indexed by value for small non-negative values (ids `0, 1, 2, …`, grown
 //! while the values it covers stay few beside the values numbered) and a
-//! hash table of the other values; several integer columns (a composite id) through one of
-//! their tuples of values (up to four columns); any other supported columns (strings, `UInt64`)
-//! through their Arrow row encoding, whose equality is DataFusion's for
-//! these types. A frozen numbering of integers spanning a small range looks
-//! values up in a vector instead of the hash table. A row whose values are
-//! the row's before it (a join's output repeats its probe row's) takes its
-//! number without a lookup.
+//! hash table of the other values; several integer columns (a composite
+//! id) through one of their tuples of values (up to four columns); any
+//! other supported columns (strings, `UInt64`) through their Arrow row
+//! encoding, whose equality is DataFusion's for these types. A frozen
+//! numbering of integers spanning a small range looks every value up in a
+//! vector instead of the hash table. A row whose values are the row's
+//! before it (a join's output repeats its probe row's) takes its number
+//! without a lookup.
 
 use std::sync::Arc;
 
@@ -68,18 +69,14 @@ enum By {
     /// One integer column, as `i64`.
     Integer {
         data_type: DataType,
-        /// `slots[v]` is the number of the value `v` (`NONE`: none yet)
-        /// for `0 ≤ v < slots.len()`; such a value is never in `ids`.
-        slots: Vec<u32>,
+        /// The values numbered through a vector (see [`Slots`]); never in
+        /// `ids`.
+        slots: Slots,
         /// The numbers of the values that `slots` does not cover.
         ids: HashMap<i64, u32>,
         /// The values in the order of their numbers (`None`: NULL).
         values: Vec<Option<i64>>,
         null: Option<u32>,
-        /// After [`Numbering::freeze`], where `ids` hold some values and
-        /// all span a small range: `slots[v - low]` is the number of `v`
-        /// (`u32::MAX`: none).
-        direct: Option<(i64, Vec<u32>)>,
     },
     /// Two to [`TUPLE`]` - 1` integer columns, as tuples of `i64`: per row,
     /// a mask of its NULL columns, then each column's value (0 where NULL
@@ -116,11 +113,10 @@ impl Numbering {
         let by = match types {
             [t] if integer(t) => By::Integer {
                 data_type: t.clone(),
-                slots: Vec::new(),
+                slots: Slots::default(),
                 ids: HashMap::default(),
                 values: Vec::new(),
                 null: None,
-                direct: None,
             },
             _ if types.len() < TUPLE && types.iter().all(integer) => By::Integers {
                 types: types.to_vec(),
@@ -164,17 +160,8 @@ impl Numbering {
     pub fn size(&self) -> usize {
         match &self.by {
             By::Integer {
-                slots,
-                ids,
-                values,
-                direct,
-                ..
-            } => {
-                slots.capacity() * 4
-                    + ids.capacity() * 16
-                    + values.capacity() * 16
-                    + direct.as_ref().map_or(0, |(_, d)| d.capacity() * 4)
-            }
+                slots, ids, values, ..
+            } => slots.numbers.capacity() * 4 + ids.capacity() * 16 + values.capacity() * 16,
             By::Integers {
                 ids,
                 values,
@@ -222,11 +209,11 @@ impl Numbering {
                     let id = match last {
                         Some((value, id)) if value == v => id,
                         _ => {
-                            if v >= 0 && v as u64 >= slots.len() as u64 && covers(v, values.len()) {
-                                grow(slots, ids, v);
+                            if slots.grows_to(v, values.len()) {
+                                slots.grow(ids, v);
                             }
                             let next = values.len() as u32;
-                            let id = match usize::try_from(v).ok().and_then(|i| slots.get_mut(i)) {
+                            let id = match slots.get_mut(v) {
                                 Some(slot) => {
                                     if *slot == NONE {
                                         *slot = next;
@@ -296,25 +283,26 @@ impl Numbering {
     pub fn freeze(&mut self) {
         match &mut self.by {
             By::Integer {
-                ids,
-                values,
-                direct,
-                ..
+                slots, ids, values, ..
             } => {
-                // (where `slots` hold every value, they are the direct lookup)
+                // (where `slots` hold every value already, nothing to do)
+                if ids.is_empty() {
+                    return;
+                }
                 let present = values.iter().flatten();
-                let (Some(low), Some(high)) = (present.clone().min(), present.max()) else {
+                let (Some(&low), Some(&high)) = (present.clone().min(), present.max()) else {
                     return;
                 };
-                let span = (*high as i128 - *low as i128 + 1) as u128;
-                if !ids.is_empty() && span <= 4 * values.len() as u128 + 1024 {
-                    let mut slots = vec![NONE; span as usize];
+                let span = (high as i128 - low as i128 + 1) as u128;
+                if span <= 4 * values.len() as u128 + 1024 {
+                    let mut numbers = vec![NONE; span as usize];
                     for (id, v) in values.iter().enumerate() {
                         if let Some(v) = v {
-                            slots[(v - low) as usize] = id as u32;
+                            numbers[(v - low) as usize] = id as u32;
                         }
                     }
-                    *direct = Some((*low, slots));
+                    *slots = Slots { low, numbers };
+                    *ids = HashMap::default();
                 }
             }
             By::Integers {
@@ -333,11 +321,7 @@ impl Numbering {
         out.clear();
         match &self.by {
             By::Integer {
-                slots,
-                ids,
-                null,
-                direct,
-                ..
+                slots, ids, null, ..
             } => {
                 let column = as_i64(&columns[0])?;
                 let null = match self.nulls {
@@ -346,27 +330,17 @@ impl Numbering {
                 };
                 let has_nulls = column.null_count() > 0;
                 let values = column.values();
-                match direct {
-                    Some((low, slots)) => out.extend(values.iter().enumerate().map(|(row, &v)| {
-                        if has_nulls && column.is_null(row) {
-                            return null;
-                        }
-                        let slot = (v as i128 - *low as i128) as u128;
-                        match slot < slots.len() as u128 {
-                            true => slots[slot as usize],
-                            false => NONE,
-                        }
-                    })),
-                    None => out.extend(values.iter().enumerate().map(|(row, &v)| {
-                        if has_nulls && column.is_null(row) {
-                            return null;
-                        }
-                        match usize::try_from(v).ok().and_then(|i| slots.get(i)) {
-                            Some(&id) => id,
-                            None => ids.get(&v).copied().unwrap_or(NONE),
-                        }
-                    })),
-                }
+                let hashed = !ids.is_empty();
+                out.extend(values.iter().enumerate().map(|(row, &v)| {
+                    if has_nulls && column.is_null(row) {
+                        return null;
+                    }
+                    match slots.get(v) {
+                        Some(id) => id,
+                        None if hashed => ids.get(&v).copied().unwrap_or(NONE),
+                        None => NONE,
+                    }
+                }));
             }
             By::Integers {
                 direct: Some(grid), ..
@@ -428,26 +402,61 @@ impl Numbering {
     }
 }
 
-/// Whether a numbering's `slots` may grow to cover the value `v` while it
-/// has given `count` numbers: the values covered stay few beside them.
-fn covers(v: i64, count: usize) -> bool {
-    v < 1 << 30 && (v as u64) < 4 * count as u64 + 1024
+/// The numbers of the integers `low, low + 1, …` (see [`By::Integer`]):
+/// `numbers[v - low]` is the number of `v` ([`NONE`]: none yet). While
+/// values are numbered `low` is 0 and the vector grows (to powers of two)
+/// while the values it covers stay few beside the numbers given; a frozen
+/// numbering spanning a small range moves all its values here.
+#[derive(Debug, Default)]
+struct Slots {
+    low: i64,
+    numbers: Vec<u32>,
 }
 
-/// `slots` grown to cover `v` (to a power of two), the values of `ids` it
-/// now covers moved into it.
-fn grow(slots: &mut Vec<u32>, ids: &mut HashMap<i64, u32>, v: i64) {
-    let len = (v as usize + 1).next_power_of_two();
-    slots.resize(len, NONE);
-    ids.retain(
-        |&k, &mut id| match usize::try_from(k).ok().filter(|&i| i < len) {
-            Some(i) => {
-                slots[i] = id;
-                false
+impl Slots {
+    /// Where `v`'s number lies in `numbers`, if they cover it.
+    #[inline]
+    fn index(&self, v: i64) -> Option<usize> {
+        let offset = (v as i128 - self.low as i128) as u128;
+        (offset < self.numbers.len() as u128).then_some(offset as usize)
+    }
+
+    #[inline]
+    fn get(&self, v: i64) -> Option<u32> {
+        self.index(v).map(|i| self.numbers[i])
+    }
+
+    #[inline]
+    fn get_mut(&mut self, v: i64) -> Option<&mut u32> {
+        self.index(v).map(|i| &mut self.numbers[i])
+    }
+
+    /// Whether the slots should grow to cover `v` when `count` numbers
+    /// have been given: `v` lies above them, and the values covered would
+    /// stay few beside the numbers.
+    #[inline]
+    fn grows_to(&self, v: i64, count: usize) -> bool {
+        let offset = v as i128 - self.low as i128;
+        offset >= self.numbers.len() as i128
+            && offset < 1 << 30
+            && offset < 4 * count as i128 + 1024
+    }
+
+    /// Grown to cover `v` (to a power of two), the values of `ids` now
+    /// covered moved in.
+    fn grow(&mut self, ids: &mut HashMap<i64, u32>, v: i64) {
+        let len = ((v - self.low) as usize + 1).next_power_of_two();
+        self.numbers.resize(len, NONE);
+        let (low, numbers) = (self.low, &mut self.numbers);
+        ids.retain(|&k, &mut id| {
+            let offset = (k as i128 - low as i128) as u128;
+            let covered = offset < len as u128;
+            if covered {
+                numbers[offset as usize] = id;
             }
-            None => true,
-        },
-    );
+            !covered
+        });
+    }
 }
 
 /// A frozen numbering of tuples of integers as a grid of slots (see
