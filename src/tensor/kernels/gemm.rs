@@ -362,8 +362,7 @@ fn pack_a(
             // A is stored k×m: the MR rows of one depth step are contiguous.
             for (p, d) in panel.chunks_exact_mut(MR).enumerate() {
                 let src = &a[(p0 + p) * m + i0 + ir..][..mr];
-                d[..mr].copy_from_slice(src);
-                d[mr..].fill(0.0);
+                copy_padded::<MR>(d, src);
             }
         } else {
             // A is stored m×k: each row is contiguous along the depth.
@@ -378,6 +377,25 @@ fn pack_a(
                     d[mr..].fill(0.0);
                 }
             }
+        }
+    }
+}
+
+/// `src` into the front of `dst` (one depth step of a micro-panel, `dst`
+/// `N` long), the rest of `dst` zeroed. A full step is copied as an array
+/// of `N`, which compiles to a few vector moves: a slice copy of a run-time
+/// length is a call to `memcpy` per step, which took most of the packing
+/// time of a wide B.
+#[inline(always)]
+fn copy_padded<const N: usize>(dst: &mut [f64], src: &[f64]) {
+    match (
+        <&mut [f64; N]>::try_from(&mut *dst),
+        <&[f64; N]>::try_from(src),
+    ) {
+        (Ok(dst), Ok(src)) => *dst = *src,
+        _ => {
+            dst[..src.len()].copy_from_slice(src);
+            dst[src.len()..].fill(0.0);
         }
     }
 }
@@ -416,8 +434,7 @@ fn pack_b(
             // B is stored k×n: the NR columns of one depth step are contiguous.
             for (p, d) in panel.chunks_exact_mut(NR).enumerate() {
                 let src = &b[(p0 + p) * n + j0 + jr..][..nr];
-                d[..nr].copy_from_slice(src);
-                d[nr..].fill(0.0);
+                copy_padded::<NR>(d, src);
             }
         }
     }
