@@ -126,16 +126,10 @@ CREATE TABLE tp AS SELECT * FROM tp0;
             script += queries[name] + "\n"
             order.append(name)
         script += losses
-    out = subprocess.run(
-        [dfgrad, "--maxrows", "inf", "-c", script], capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        sys.exit(f"dfgrad failed: {out.stderr}")
+    elapsed, values = run(dfgrad, script)
     # Elapsed lines: the setup's 7 statements, then per repeat 2 resets,
     # 3 timed statements and 2 loss queries.
-    elapsed = [float(t) for t in re.findall(r"Elapsed ([0-9.]+) seconds", out.stdout + out.stderr)]
     elapsed = elapsed[7:]
-    values = [float(v) for v in re.findall(r"^\| ([-0-9.e+]+)\s*\|$", out.stdout, re.M)]
     times = {name: [] for name in queries}
     per_repeat = 2 + len(queries) + 2
     for k in range(args.repeat):
@@ -158,6 +152,20 @@ CREATE TABLE tp AS SELECT * FROM tp0;
           f"(largest relative difference {worst:.2e})")
     if worst > 1e-9:
         sys.exit("the two forms disagree")
+
+
+def run(dfgrad, script):
+    """Runs `script` in one dfgrad process: the `Elapsed` seconds of each
+    statement and the one-column values it printed, in order (exits on an
+    error)."""
+    out = subprocess.run(
+        [dfgrad, "--maxrows", "inf", "-c", script], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        sys.exit(f"dfgrad failed: {out.stderr}")
+    elapsed = [float(t) for t in re.findall(r"Elapsed ([0-9.]+) seconds", out.stdout + out.stderr)]
+    values = [float(v) for v in re.findall(r"^\| ([-0-9.e+]+)\s*\|$", out.stdout, re.M)]
+    return elapsed, values
 
 
 def loop(args, dfgrad, setup, loss, logits):
@@ -201,15 +209,9 @@ SELECT cross_entropy({logits}, y) AS r FROM tp CROSS JOIN td;"""
         names = list(queries) if k % 2 == 0 else list(queries)[::-1]
         script += "\n".join(queries[name] for name in names) + "\n"
         order += names
-    out = subprocess.run(
-        [dfgrad, "--maxrows", "inf", "-c", script], capture_output=True, text=True, check=False
-    )
-    if out.returncode != 0:
-        sys.exit(f"dfgrad failed: {out.stderr}")
-    elapsed = [float(t) for t in re.findall(r"Elapsed ([0-9.]+) seconds", out.stdout + out.stderr)]
+    elapsed, values = run(dfgrad, script)
     # the setup's 7 statements, then per query the loop and the loss after
     elapsed = elapsed[7::2]
-    values = [float(v) for v in re.findall(r"^\| ([-0-9.e+]+)\s*\|$", out.stdout, re.M)]
     times = {name: [] for name in queries}
     losses = {name: [] for name in queries}
     for name, t, v in zip(order, elapsed, values):
