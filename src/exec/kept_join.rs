@@ -86,8 +86,9 @@ use super::contraction::ContractionExec;
 use super::loop_invariant::{is_invariant, LoopInvariantExec};
 
 /// `term` (a recursive term) with each hash join of exactly one
-/// loop-invariant side that qualifies replaced by a [`KeptHashJoinExec`]
-/// (see the [module docs](self)).
+/// loop-invariant side that qualifies replaced by a [`KeptHashJoinExec`],
+/// and each contraction whose collected sides are loop-invariant kept
+/// ([`ContractionExec::kept`]; see the [module docs](self)).
 pub(crate) fn keep_build_sides(
     term: Arc<dyn ExecutionPlan>,
 ) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
@@ -173,9 +174,10 @@ fn kept(
 }
 
 /// A kept join's build side (or a kept contraction's), which it reads
-/// once, collected into one partition: without a [`LoopInvariantExec`] at its top (the join's table
-/// keeps its rows; kept twice, they would take twice the memory), nor a
-/// repartition below it (its partitions are merged).
+/// once, collected into one partition: without a [`LoopInvariantExec`] at
+/// its top (the join's table keeps its rows; kept twice, they would take
+/// twice the memory), nor a repartition below it (its partitions are
+/// merged).
 pub(super) fn read_once(build: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     let build = match build.downcast_ref::<LoopInvariantExec>() {
         Some(kept) => Arc::clone(kept.input()),

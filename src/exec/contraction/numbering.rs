@@ -417,8 +417,7 @@ impl Slots {
     /// Where `v`'s number lies in `numbers`, if they cover it.
     #[inline]
     fn index(&self, v: i64) -> Option<usize> {
-        let offset = (v as i128 - self.low as i128) as u128;
-        (offset < self.numbers.len() as u128).then_some(offset as usize)
+        covered(self.low, self.numbers.len(), v)
     }
 
     #[inline]
@@ -448,15 +447,21 @@ impl Slots {
         let len = ((v - self.low) as usize + 1).next_power_of_two();
         self.numbers.resize(len, NONE);
         let (low, numbers) = (self.low, &mut self.numbers);
-        ids.retain(|&k, &mut id| {
-            let offset = (k as i128 - low as i128) as u128;
-            let covered = offset < len as u128;
-            if covered {
-                numbers[offset as usize] = id;
+        ids.retain(|&k, &mut id| match covered(low, len, k) {
+            Some(i) => {
+                numbers[i] = id;
+                false
             }
-            !covered
+            None => true,
         });
     }
+}
+
+/// The place of `v` among `len` slots from `low`, if they cover it.
+#[inline]
+fn covered(low: i64, len: usize, v: i64) -> Option<usize> {
+    let offset = (v as i128 - low as i128) as u128;
+    (offset < len as u128).then_some(offset as usize)
 }
 
 /// A frozen numbering of tuples of integers as a grid of slots (see
