@@ -34,8 +34,9 @@
 //! factor is not added, and a group no non-NULL product reached sums to
 //! NULL. Only what these rules cover is replaced —
 //! an inner hash join without a filter, keys and group columns of integer
-//! or string types (SQL equality is their encoding's), `GROUP BY` plain
-//! columns without grouping sets, and every aggregate a `sum` of a `Float64`
+//! or string types (SQL equality is their encoding's), `GROUP BY` columns
+//! or expressions of one side's columns (not volatile) without grouping
+//! sets, and every aggregate a `sum` of a `Float64`
 //! product whose factors each read one side (or none) — and anything else
 //! (a `FILTER`, `DISTINCT`, float or decimal keys, another aggregate) stays
 //! the join + aggregate. Under memory pressure the operator emits its
@@ -78,6 +79,7 @@ use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::expressions::{BinaryExpr, Column};
 use datafusion::physical_expr::utils::collect_columns;
 use datafusion::physical_expr::PhysicalExpr;
+use datafusion::physical_expr_common::physical_expr::is_volatile;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -424,19 +426,22 @@ impl ContractionExec {
         let groups = group_by.expr().len();
         let mut group_order = vec![];
         for e in &exprs[..groups] {
-            let Some(c) = e.downcast_ref::<Column>() else {
+            // A column, or an expression over one side's columns (a key
+            // `h.j + 1` that a backward pass groups by).
+            let side = side_of(e, width).filter(|_| !collect_columns(e).is_empty());
+            let Some(side) = side else {
                 return Ok(None);
             };
-            if !numbering::supported(join_schema.field(c.index()).data_type()) {
+            if !numbering::supported(&e.data_type(&join_schema)?) {
                 return Ok(None);
             }
-            let (side, column) = local(c, width);
             let part = match side {
                 Side::Build => &mut build,
                 Side::Probe => &mut probe,
             };
             group_order.push((side, part.groups.len()));
-            part.groups.push(column);
+            part.groups
+                .push(substitute(Arc::clone(e), |c| local(c, width).1)?);
         }
         for e in &exprs[groups..] {
             let Some((b, p)) = split_product(e, &join_schema, width)? else {
@@ -774,6 +779,25 @@ fn local(c: &Column, width: usize) -> (Side, Arc<dyn PhysicalExpr>) {
     }
 }
 
+/// The side of the join output whose columns `expr` reads (the build
+/// side's come first, `width` of them), the build side where it reads
+/// none; `None` where it reads both, or is volatile (its value is one
+/// per joined row, not one per row of a side).
+fn side_of(expr: &Arc<dyn PhysicalExpr>, width: usize) -> Option<Side> {
+    if is_volatile(expr) {
+        return None;
+    }
+    let columns = collect_columns(expr);
+    match (
+        columns.iter().all(|c| c.index() < width),
+        columns.iter().all(|c| c.index() >= width),
+    ) {
+        (true, _) => Some(Side::Build),
+        (false, true) => Some(Side::Probe),
+        (false, false) => None,
+    }
+}
+
 /// A sum's argument over the join output as the product of a build-side
 /// and a probe-side factor (`None`: 1): its `Float64` multiplications
 /// taken apart, each factor reading one side's columns (or none, counted
@@ -801,14 +825,8 @@ fn split_product(
     }
     let (mut build, mut probe) = (None, None);
     for factor in factors {
-        let columns = collect_columns(&factor);
-        let side = match (
-            columns.iter().all(|c| c.index() < width),
-            columns.iter().all(|c| c.index() >= width),
-        ) {
-            (true, _) => Side::Build,
-            (false, true) => Side::Probe,
-            (false, false) => return Ok(None),
+        let Some(side) = side_of(&factor, width) else {
+            return Ok(None);
         };
         let local = substitute(factor, |c| local(c, width).1)?;
         let product = match side {

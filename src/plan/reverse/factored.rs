@@ -193,7 +193,12 @@ impl Leaves {
 
 /// The factors of the product `e`, each `Float64`; `None` where `e` is not
 /// such a product. A NULL guard `CASE WHEN c IS NULL THEN NULL ELSE e END`
-/// is the factor `CASE WHEN c IS NULL THEN NULL ELSE 1.0 END` times `e`'s.
+/// is the factor `CASE WHEN c IS NULL THEN NULL ELSE 1.0 END` times `e`'s;
+/// where `c` is itself a `Float64` product (the engine tests a whole term
+/// `ā · relu(s) · w` that has a `CASE` in it), one such factor per factor
+/// of `c`: a product of floats is NULL exactly where one of its factors is,
+/// so the guards' product is NULL on the same rows, and each guard reads
+/// one side alone.
 fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()>> {
     let float = e.get_type(schema)? == DataType::Float64;
     match e {
@@ -212,17 +217,23 @@ fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()
             expr: None,
             when_then_expr,
             else_expr: Some(otherwise),
-        }) if float
-            && matches!(when_then_expr.as_slice(), [(when, then)]
-                if matches!(when.as_ref(), Expr::IsNull(_))
-                && matches!(then.as_ref(), Expr::Literal(v, _) if v.is_null())) =>
-        {
-            let guard = when_then_expr[0].0.clone();
-            out.push(Expr::Case(Case::new(
-                None,
-                vec![(guard, Box::new(lit(ScalarValue::Float64(None))))],
-                Some(Box::new(lit(1.0))),
-            )));
+        }) if float && null_tested(when_then_expr).is_some() => {
+            let mut parts = vec![];
+            multiplied(
+                null_tested(when_then_expr).expect("tested"),
+                schema,
+                &mut parts,
+            );
+            for part in parts {
+                out.push(Expr::Case(Case::new(
+                    None,
+                    vec![(
+                        Box::new(part.is_null()),
+                        Box::new(lit(ScalarValue::Float64(None))),
+                    )],
+                    Some(Box::new(lit(1.0))),
+                )));
+            }
             factors(otherwise, schema, out)
         }
         // The engine's unit factor: nothing to multiply by.
@@ -232,6 +243,39 @@ fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()
             Ok(Some(()))
         }
         _ => Ok(None),
+    }
+}
+
+/// `c` of a NULL guard's branch `WHEN c IS NULL THEN NULL`, or `None`.
+fn null_tested(when_then: &[(Box<Expr>, Box<Expr>)]) -> Option<&Expr> {
+    match when_then {
+        [(when, then)] if matches!(then.as_ref(), Expr::Literal(v, _) if v.is_null()) => {
+            match when.as_ref() {
+                Expr::IsNull(tested) => Some(tested),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// The operands of the `Float64` multiplications `e` is made of (`e`
+/// itself where it is no such product), less the literals that are not
+/// NULL: `e` is NULL exactly where one of them is.
+fn multiplied(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) {
+    let float = |e: &Expr| e.get_type(schema).is_ok_and(|t| t == DataType::Float64);
+    match e {
+        Expr::Alias(a) => multiplied(&a.expr, schema, out),
+        Expr::BinaryExpr(BinaryExpr {
+            left,
+            op: Operator::Multiply,
+            right,
+        }) if float(e) && float(left) && float(right) => {
+            multiplied(left, schema, out);
+            multiplied(right, schema, out)
+        }
+        Expr::Literal(v, _) if !v.is_null() => {}
+        e => out.push(e.clone()),
     }
 }
 
