@@ -194,13 +194,37 @@ impl Leaves {
 /// The factors of the product `e`, each `Float64`; `None` where `e` is not
 /// such a product. A NULL guard `CASE WHEN c IS NULL THEN NULL ELSE e END`
 /// is the factor `CASE WHEN c IS NULL THEN NULL ELSE 1.0 END` times `e`'s;
-/// where `c` is itself a `Float64` product (the engine tests a whole term
+/// where `c` is itself such a product (the engine tests a whole term
 /// `ā · relu(s) · w` that has a `CASE` in it), one such factor per factor
 /// of `c`: a product of floats is NULL exactly where one of its factors is,
 /// so the guards' product is NULL on the same rows, and each guard reads
 /// one side alone.
 fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()>> {
     let float = e.get_type(schema)? == DataType::Float64;
+    if let Expr::Case(Case {
+        expr: None,
+        when_then_expr,
+        else_expr: Some(otherwise),
+    }) = e
+    {
+        if let Some(tested) = null_tested(when_then_expr).filter(|_| float) {
+            let mut parts = vec![];
+            if factors(tested, schema, &mut parts)?.is_none() {
+                parts = vec![tested.clone()];
+            }
+            for part in parts {
+                out.push(Expr::Case(Case::new(
+                    None,
+                    vec![(
+                        Box::new(part.is_null()),
+                        Box::new(lit(ScalarValue::Float64(None))),
+                    )],
+                    Some(Box::new(lit(1.0))),
+                )));
+            }
+            return factors(otherwise, schema, out);
+        }
+    }
     match e {
         Expr::Alias(a) => factors(&a.expr, schema, out),
         Expr::BinaryExpr(BinaryExpr {
@@ -212,29 +236,6 @@ fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()
                 return Ok(None);
             }
             factors(right, schema, out)
-        }
-        Expr::Case(Case {
-            expr: None,
-            when_then_expr,
-            else_expr: Some(otherwise),
-        }) if float && null_tested(when_then_expr).is_some() => {
-            let mut parts = vec![];
-            multiplied(
-                null_tested(when_then_expr).expect("tested"),
-                schema,
-                &mut parts,
-            );
-            for part in parts {
-                out.push(Expr::Case(Case::new(
-                    None,
-                    vec![(
-                        Box::new(part.is_null()),
-                        Box::new(lit(ScalarValue::Float64(None))),
-                    )],
-                    Some(Box::new(lit(1.0))),
-                )));
-            }
-            factors(otherwise, schema, out)
         }
         // The engine's unit factor: nothing to multiply by.
         Expr::Literal(ScalarValue::Float64(Some(one)), _) if *one == 1.0 => Ok(Some(())),
@@ -256,26 +257,6 @@ fn null_tested(when_then: &[(Box<Expr>, Box<Expr>)]) -> Option<&Expr> {
             }
         }
         _ => None,
-    }
-}
-
-/// The operands of the `Float64` multiplications `e` is made of (`e`
-/// itself where it is no such product), less the literals that are not
-/// NULL: `e` is NULL exactly where one of them is.
-fn multiplied(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) {
-    let float = |e: &Expr| e.get_type(schema).is_ok_and(|t| t == DataType::Float64);
-    match e {
-        Expr::Alias(a) => multiplied(&a.expr, schema, out),
-        Expr::BinaryExpr(BinaryExpr {
-            left,
-            op: Operator::Multiply,
-            right,
-        }) if float(e) && float(left) && float(right) => {
-            multiplied(left, schema, out);
-            multiplied(right, schema, out)
-        }
-        Expr::Literal(v, _) if !v.is_null() => {}
-        e => out.push(e.clone()),
     }
 }
 
