@@ -220,30 +220,43 @@ async fn skip_aggregating(ctx: &SessionContext) -> Result<()> {
     Ok(())
 }
 
-/// Registers `batch` as table `name` in two partitions.
-fn register_halves(ctx: &SessionContext, name: &str, batch: &RecordBatch) -> Result<()> {
+/// Registers `batch` as table `name` in `parts` partitions (1 or 2).
+fn register_parts(
+    ctx: &SessionContext,
+    name: &str,
+    batch: &RecordBatch,
+    parts: usize,
+) -> Result<()> {
     let half = batch.num_rows() / 2;
-    let halves = vec![
-        vec![batch.slice(0, half)],
-        vec![batch.slice(half, batch.num_rows() - half)],
-    ];
-    ctx.register_table(name, Arc::new(MemTable::try_new(batch.schema(), halves)?))?;
+    let partitions = match parts {
+        1 => vec![vec![batch.clone()]],
+        _ => vec![
+            vec![batch.slice(0, half)],
+            vec![batch.slice(half, batch.num_rows() - half)],
+        ],
+    };
+    ctx.register_table(
+        name,
+        Arc::new(MemTable::try_new(batch.schema(), partitions)?),
+    )?;
     Ok(())
 }
 
-/// A session of `partitions` target partitions with `tables` registered
-/// (each in two partitions); at 3 partitions, every row its own group
-/// after the first few (as the partial aggregates do where groups are
-/// nearly rows).
+/// A session of `partitions` target partitions with `tables` registered,
+/// each in `parts` partitions (a table of one partition in a session of
+/// one: DataFusion's aggregate in one step, `mode=Single`); at 3
+/// partitions, every row its own group after the first few (as the
+/// partial aggregates do where groups are nearly rows).
 async fn random_context(
     partitions: usize,
+    parts: usize,
     tables: &[(&str, &RecordBatch)],
 ) -> Result<SessionContext> {
     let ctx = datafusion_grad::session_context_with_config(
         SessionConfig::new().with_target_partitions(partitions),
     );
     for (name, batch) in tables {
-        register_halves(&ctx, name, batch)?;
+        register_parts(&ctx, name, batch, parts)?;
     }
     if partitions == 3 {
         skip_aggregating(&ctx).await?;
@@ -286,7 +299,7 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
         ),
     ];
     let mut rng = StdRng::seed_from_u64(47);
-    let (mut contracted, mut by_gemm, mut finals) = (0, 0, 0);
+    let (mut contracted, mut by_gemm, mut finals, mut single) = (0, 0, 0, 0);
     let mut per_query = vec![0; queries.len()];
     for case in 0..30 {
         let (n, d, h) = (
@@ -309,15 +322,16 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
             false => relation(&mut rng, w_rows, kd, Keys::Sparse(h), nulls),
             true => full(&mut rng, kd, Keys::Sparse(h % 12 + 1), case % 2 * 3),
         };
-        for partitions in [1, 3] {
-            let ctx = random_context(partitions, &[("x", &x), ("w", &w)]).await?;
+        for (partitions, parts) in [(1, 1), (1, 2), (3, 2)] {
+            let ctx = random_context(partitions, parts, &[("x", &x), ("w", &w)]).await?;
             for (q, &(sql, groups)) in queries.iter().enumerate() {
-                let what = format!("case {case}, {partitions} partitions");
+                let what = format!("case {case}, {partitions} partitions, tables in {parts}");
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
                 contracted += plan.contains("ContractionExec") as usize;
                 per_query[q] += plan.contains("ContractionExec") as usize;
                 by_gemm += ran_as_gemm(&plan) as usize;
-                finals += plan.contains("mode=Final") as usize;
+                finals += plan.contains("ContractionExec: mode=Final") as usize;
+                single += (parts == 1 && plan.contains("ContractionExec: mode=Final")) as usize;
             }
         }
     }
@@ -333,6 +347,9 @@ async fn contractions_answer_as_the_join_and_aggregate_do() -> Result<()> {
     assert_eq!(per_query[5], 0, "{per_query:?}");
     assert!(by_gemm >= 4, "{by_gemm}");
     assert!(finals > 24, "{finals}");
+    // In one partition, DataFusion's single aggregate is replaced whole:
+    // in final mode, whichever side gives the groups.
+    assert!(single > 24 * (queries.len() - 1) / 2, "{single}");
     Ok(())
 }
 
@@ -405,7 +422,7 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
             ),
         };
         for partitions in [2, 3] {
-            let ctx = random_context(partitions, &[("r", &r), ("u", &u), ("f", &f)]).await?;
+            let ctx = random_context(partitions, 2, &[("r", &r), ("u", &u), ("f", &f)]).await?;
             for (q, &(sql, groups)) in queries.iter().enumerate() {
                 // the fourth query's link f.b = r.a compares a string with
                 // an integer where the factor keys are strings
@@ -415,7 +432,7 @@ async fn chains_answer_as_the_joins_and_aggregate_do() -> Result<()> {
                 let what = format!("case {case}, {partitions} partitions");
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
                 chained += plan.contains("links=") as usize;
-                finals += plan.contains("mode=Final") as usize;
+                finals += plan.contains("ContractionExec: mode=Final") as usize;
                 cases += 1;
             }
         }
@@ -492,7 +509,7 @@ async fn swapped_pairs_answer_as_the_joins_and_aggregate_do() -> Result<()> {
             ),
         };
         for partitions in [1, 2, 3] {
-            let ctx = random_context(partitions, &[("r", &r), ("e", &e), ("f", &f)]).await?;
+            let ctx = random_context(partitions, 2, &[("r", &r), ("e", &e), ("f", &f)]).await?;
             for &(sql, groups) in queries {
                 let what = format!("case {case}, {partitions} partitions");
                 let plan = same_answers(&ctx, sql, groups, &what).await?;
@@ -870,12 +887,9 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
         .await?;
         // x's gradient: the adjoints of x's groups times w's sums per key
         // (a plain aggregate of w); w's: x's rows with their groups'
-        // adjoints, summed per key (a contraction, where the aggregate is
-        // partial: in more than one partition).
-        let w_contracted = partitions > 1;
-        for (table, expected, contracted) in
-            [("x", &expected_x, false), ("w", &expected_w, w_contracted)]
-        {
+        // adjoints, summed per key (a contraction, in every partitioning:
+        // in one partition, in place of DataFusion's single aggregate).
+        for (table, expected, contracted) in [("x", &expected_x, false), ("w", &expected_w, true)] {
             let got = gradients(&ctx, "l", table, expected.len(), contracted).await?;
             same_gradients(&got, expected, &format!("case {case} ({on}), {table}"));
         }
@@ -959,7 +973,7 @@ async fn gradients_through_a_relu_layer_are_its_sums() -> Result<()> {
         .await?
         .collect()
         .await?;
-        let got = gradients(&ctx, "l", "w", w.len(), partitions > 1).await?;
+        let got = gradients(&ctx, "l", "w", w.len(), true).await?;
         same_gradients(&got, &expected, &format!("case {case}, w"));
     }
     Ok(())
@@ -1070,11 +1084,11 @@ async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
         .collect()
         .await?;
         // each factor's gradient: a contraction of the ratings (with their
-        // adjoints) and the other factor, where the aggregate is partial and
-        // no condition reads both (for u's, the sums' join then has a
-        // filter: the join + aggregate runs them)
+        // adjoints) and the other factor, where no condition reads both (for
+        // u's, the sums' join then has a filter: the join + aggregate runs
+        // them)
         for (table, expected) in [("u", expected(true)), ("f", expected(false))] {
-            let contracted = partitions > 1 && !across;
+            let contracted = !across;
             let got = gradients(&ctx, "l", table, expected.len(), contracted).await?;
             same_gradients(&got, &expected, &format!("case {case} ({k}), {table}"));
         }
@@ -1092,32 +1106,37 @@ async fn final_sums_under_memory_pressure_are_merged() -> Result<()> {
     let x = relation(&mut rng, 60_000, Keys::Sparse(30_000), Keys::Dense(8), 0.0);
     let w = full(&mut rng, Keys::Dense(8), Keys::Dense(20), 0);
     let sql = "SELECT x.a, w.b, sum(x.v * w.v) FROM x JOIN w ON x.b = w.a GROUP BY x.a, w.b";
-    let config = || SessionConfig::new().with_target_partitions(2);
-    let ctx = datafusion_grad::session_context_with_config(config());
-    for (name, batch) in [("x", &x), ("w", &w)] {
-        register_halves(&ctx, name, batch)?;
+    // Two partitions (the probe rows hashed by their groups), and one
+    // (DataFusion's aggregate in one step, replaced whole; all the sums in
+    // one partition, whose pool is halved to keep them beyond it).
+    for (partitions, limit) in [(2, MEMORY_LIMIT), (1, MEMORY_LIMIT / 2)] {
+        let config = || SessionConfig::new().with_target_partitions(partitions);
+        let ctx = datafusion_grad::session_context_with_config(config());
+        for (name, batch) in [("x", &x), ("w", &w)] {
+            register_parts(&ctx, name, batch, partitions)?;
+        }
+        ctx.sql("SET datafusion_grad.contraction = false")
+            .await?
+            .collect()
+            .await?;
+        let (expected, _) = answer(&ctx, sql, 2).await?;
+        let runtime = RuntimeEnvBuilder::new()
+            .with_memory_limit(limit, 1.0)
+            .build_arc()?;
+        let ctx = SessionContext::new_with_config_rt(config(), runtime);
+        datafusion_grad::register(&ctx);
+        for (name, batch) in [("x", &x), ("w", &w)] {
+            register_parts(&ctx, name, batch, partitions)?;
+        }
+        let (got, plan) = answer(&ctx, sql, 2).await?;
+        assert!(plan.contains("ContractionExec: mode=Final"), "{plan}");
+        let merged = plan
+            .split("merged_rows=")
+            .skip(1)
+            .any(|rest| !rest.starts_with('0'));
+        assert!(merged, "{plan}");
+        assert_same(&got, &expected, &format!("{sql}, {partitions} partitions"));
     }
-    ctx.sql("SET datafusion_grad.contraction = false")
-        .await?
-        .collect()
-        .await?;
-    let (expected, _) = answer(&ctx, sql, 2).await?;
-    let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit(MEMORY_LIMIT, 1.0)
-        .build_arc()?;
-    let ctx = SessionContext::new_with_config_rt(config(), runtime);
-    datafusion_grad::register(&ctx);
-    for (name, batch) in [("x", &x), ("w", &w)] {
-        register_halves(&ctx, name, batch)?;
-    }
-    let (got, plan) = answer(&ctx, sql, 2).await?;
-    assert!(plan.contains("mode=Final"), "{plan}");
-    let merged = plan
-        .split("merged_rows=")
-        .skip(1)
-        .any(|rest| !rest.starts_with('0'));
-    assert!(merged, "{plan}");
-    assert_same(&got, &expected, sql);
     Ok(())
 }
 

@@ -20,6 +20,13 @@
 //! rest, to a final aggregate of DataFusion's over the partition (which
 //! spills where it can): the same answer as before, never an early final
 //! sum.
+//!
+//! In one partition (`target_partitions = 1`) DataFusion plans no partial
+//! aggregate: one `Single` aggregate does both steps over the join. It is
+//! taken as the `Final` aggregate over the `Partial` one it combines, and
+//! the contraction replaces both; its probe rows stay in their one
+//! partition, where every group is summed whichever side gives its
+//! columns.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -54,6 +61,21 @@ pub(super) struct Merged {
     aggregate: Arc<dyn ExecutionPlan>,
     /// Its output: the group columns, then each sum.
     pub(super) schema: SchemaRef,
+}
+
+impl Merged {
+    /// How the probe rows must come: hashed by the probe side's group
+    /// columns `groups`, or, under a `Final` aggregate, in one partition.
+    pub(super) fn probe_distribution(&self, groups: &[Arc<dyn PhysicalExpr>]) -> Distribution {
+        match self
+            .aggregate
+            .downcast_ref::<AggregateExec>()
+            .map(AggregateExec::mode)
+        {
+            Some(AggregateMode::Final) => Distribution::SinglePartition,
+            _ => Distribution::KeyPartitioned(groups.to_vec()),
+        }
+    }
 }
 
 /// `plan` with each `FinalPartitioned` aggregate of a contraction's partial
@@ -135,19 +157,62 @@ fn gives(plan: &Arc<dyn ExecutionPlan>, required: &Distribution) -> bool {
 /// Whether `plan` is a final aggregate (what a contraction in final mode
 /// replaces).
 pub(super) fn is_final(plan: &Arc<dyn ExecutionPlan>) -> bool {
-    matches!(plan.downcast_ref::<AggregateExec>(), Some(a) if *a.mode() == AggregateMode::FinalPartitioned)
+    matches!(
+        plan.downcast_ref::<AggregateExec>()
+            .map(AggregateExec::mode),
+        Some(AggregateMode::FinalPartitioned | AggregateMode::Final)
+    )
+}
+
+/// A `Single` aggregate (DataFusion's partial and final aggregate in one,
+/// where its input is one partition: `target_partitions = 1`) as the
+/// `Final` aggregate over the `Partial` one that it combines. `None` where
+/// it is not a `Single` aggregate over one partition.
+fn split(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else {
+        return Ok(None);
+    };
+    let input = aggregate.input();
+    if *aggregate.mode() != AggregateMode::Single
+        || input.output_partitioning().partition_count() != 1
+    {
+        return Ok(None);
+    }
+    let partial = AggregateExec::try_new(
+        AggregateMode::Partial,
+        aggregate.group_expr().clone(),
+        aggregate.aggr_expr().to_vec(),
+        aggregate.filter_expr().to_vec(),
+        Arc::clone(input),
+        aggregate.input_schema(),
+    )?;
+    let merged = AggregateExec::try_new(
+        AggregateMode::Final,
+        aggregate.group_expr().as_final(),
+        aggregate.aggr_expr().to_vec(),
+        aggregate.filter_expr().to_vec(),
+        Arc::new(partial),
+        aggregate.input_schema(),
+    )?;
+    Ok(Some(Arc::new(merged)))
 }
 
 /// The contraction in final mode that replaces `plan`, where it is a
 /// `FinalPartitioned` aggregate of sums right above a hash repartition of
 /// a contraction's partial sums (or of the partial aggregate a contraction
-/// replaces), whose probe side gives group columns.
+/// replaces), whose probe side gives group columns; or a `Final` aggregate
+/// right above them in one partition, or a `Single` one (both at once)
+/// over one partition, where every group is summed in that partition
+/// whichever side gives its columns.
 pub(super) fn finalized(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<ContractionExec>> {
+    if let Some(plan) = split(plan)? {
+        return finalized(&plan);
+    }
     let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else {
         return Ok(None);
     };
     let group_by = aggregate.group_expr();
-    let plain = *aggregate.mode() == AggregateMode::FinalPartitioned
+    let plain = is_final(plan)
         && group_by.is_single()
         && aggregate.filter_expr().iter().all(Option::is_none)
         && aggregate.limit_options().is_none()
@@ -156,14 +221,23 @@ pub(super) fn finalized(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Contract
     if !plain {
         return Ok(None);
     }
-    let Some(repartition) = aggregate.input().downcast_ref::<RepartitionExec>() else {
-        return Ok(None);
+    // Where the partial sums are hashed by their groups, the repartition
+    // that does it; `None` in one partition.
+    let hashing = match aggregate.mode() {
+        AggregateMode::Final => None,
+        _ => match aggregate.input().downcast_ref::<RepartitionExec>() {
+            Some(r)
+                if matches!(r.partitioning(), Partitioning::Hash(..)) && !r.preserve_order() =>
+            {
+                Some(r)
+            }
+            _ => return Ok(None),
+        },
     };
-    if !matches!(repartition.partitioning(), Partitioning::Hash(..)) || repartition.preserve_order()
-    {
-        return Ok(None);
-    }
-    let below = repartition.input();
+    let below = match hashing {
+        Some(repartition) => repartition.input(),
+        None => aggregate.input(),
+    };
     let partial = match below.downcast_ref::<ContractionExec>() {
         Some(c) if c.spec.merged.is_none() => ContractionExec::new(
             Arc::clone(&c.spec),
@@ -186,7 +260,33 @@ pub(super) fn finalized(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Contract
         && (group_by.expr().iter().enumerate())
             .all(|(i, (e, _))| matches!(e.downcast_ref::<Column>(), Some(c) if c.index() == i));
     let sums = spec.schema.fields().len() - groups;
-    if !same_groups || aggregate.aggr_expr().len() != sums || spec.probe.groups.is_empty() {
+    if !same_groups || aggregate.aggr_expr().len() != sums {
+        return Ok(None);
+    }
+    if hashing.is_none() {
+        // One partition: the probe rows as they are.
+        if partial.properties.partitioning.partition_count() != 1 {
+            return Ok(None);
+        }
+        let mut inputs = vec![Arc::clone(&partial.left)];
+        inputs.extend(partial.near.clone());
+        inputs.push(Arc::clone(&partial.right));
+        let partial_plan = at_joins(Arc::clone(&spec.replaced), inputs)?;
+        let mut spec = (**spec).clone();
+        spec.replaced = replace_children_if_necessary(Arc::clone(plan), vec![partial_plan])?;
+        spec.merged = Some(Merged {
+            aggregate: Arc::clone(plan),
+            schema: aggregate.schema(),
+        });
+        return Ok(Some(ContractionExec::new(
+            Arc::new(spec),
+            Arc::clone(&partial.left),
+            partial.near.clone(),
+            Arc::clone(&partial.right),
+            Arc::clone(aggregate.properties()),
+        )));
+    }
+    if spec.probe.groups.is_empty() {
         return Ok(None);
     }
     // The probe rows hashed by the probe side's group columns.

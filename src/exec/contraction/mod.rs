@@ -25,7 +25,10 @@
 //! as before, or, where the probe side gives group columns, the operator
 //! replaces it too: its probe rows hashed by those columns, each group is
 //! summed in one partition, and its sums are final (`mode=Final` in
-//! `EXPLAIN`; `merged.rs`). `EXPLAIN ANALYZE` shows the time spent listing
+//! `EXPLAIN`; `merged.rs`). In one partition (`target_partitions = 1`),
+//! where DataFusion aggregates in one step (`mode=Single`), the operator
+//! replaces that aggregate whole, in final mode, whichever side gives the
+//! group columns. `EXPLAIN ANALYZE` shows the time spent listing
 //! the build side as `build_time` (`elapsed_compute` is the probe side's).
 //!
 //! The answer is the join + aggregate's: a group exists only where a joined
@@ -1567,8 +1570,8 @@ impl ExecutionPlan for ContractionExec {
     /// final mode, hashed by its group columns).
     fn input_distribution_requirements(&self) -> InputDistributionRequirements {
         let mut per_child = vec![Distribution::SinglePartition; self.children().len() - 1];
-        per_child.push(match self.spec.merged {
-            Some(_) => Distribution::KeyPartitioned(self.spec.probe.groups.clone()),
+        per_child.push(match &self.spec.merged {
+            Some(merged) => merged.probe_distribution(&self.spec.probe.groups),
             None => Distribution::UnspecifiedDistribution,
         });
         InputDistributionRequirements::new(per_child)
