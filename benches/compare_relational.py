@@ -42,6 +42,7 @@ Usage:
     python3 benches/compare_relational.py                 # N = 50,000, D = 16, H = 8
     python3 benches/compare_relational.py --rows 5000 --repeat 3
     python3 benches/compare_relational.py --model factorization   # 500,000 ratings, 16 factors
+    python3 benches/compare_relational.py --partitions 1  # one partition (a one-core machine)
     DFGRAD=target/release/dfgrad python3 benches/compare_relational.py
 """
 
@@ -176,6 +177,7 @@ def main():
     ap.add_argument("--factors", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--tolerance", type=float, default=1e-6)
+    ap.add_argument("--partitions", type=int, help="SET datafusion.execution.target_partitions first")
     args = ap.parse_args()
     dfgrad = os.environ.get("DFGRAD", "target/release/dfgrad")
     if args.model == "product":
@@ -184,6 +186,8 @@ def main():
     else:
         args.rows = args.rows or 500_000
         shape, setup, queries, expected, numpy = factorization(args)
+    if args.partitions:
+        setup = f"SET datafusion.execution.target_partitions = {args.partitions};\n" + setup
     setup_statements = setup.count(";")
     order = []
     for k in range(args.repeat):

@@ -34,6 +34,7 @@ Usage:
     python3 benches/compare_relational_mlp.py                 # N=500 D=784 H=20 C=10
     python3 benches/compare_relational_mlp.py --rows 2000 --repeat 3
     python3 benches/compare_relational_mlp.py --loop 20       # steps in one query
+    python3 benches/compare_relational_mlp.py --loop 20 --partitions 1   # in one partition
     DFGRAD=target/release/dfgrad python3 benches/compare_relational_mlp.py
 """
 
@@ -54,10 +55,12 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--lr", type=float, default=0.5)
     ap.add_argument("--loop", type=int, help="time T steps in one recursive query instead")
+    ap.add_argument("--partitions", type=int, help="SET datafusion.execution.target_partitions first")
     args = ap.parse_args()
     dfgrad = os.environ.get("DFGRAD", "target/release/dfgrad")
     n, d, h, c, lr = args.rows, args.features, args.hidden, args.classes, args.lr
-    setup = f"""
+    setup = "" if not args.partitions else f"SET datafusion.execution.target_partitions = {args.partitions};"
+    setup += f"""
 CREATE TABLE x AS SELECT n, i, sin(n * 0.37 + i * 0.11) AS v
   FROM (SELECT value AS n FROM generate_series(0, {n - 1}))
   CROSS JOIN (SELECT value AS i FROM generate_series(1, {d}));
@@ -127,9 +130,9 @@ CREATE TABLE tp AS SELECT * FROM tp0;
             order.append(name)
         script += losses
     elapsed, values = run(dfgrad, script)
-    # Elapsed lines: the setup's 7 statements, then per repeat 2 resets,
+    # Elapsed lines: the setup's statements, then per repeat 2 resets,
     # 3 timed statements and 2 loss queries.
-    elapsed = elapsed[7:]
+    elapsed = elapsed[setup.count(";"):]
     times = {name: [] for name in queries}
     per_repeat = 2 + len(queries) + 2
     for k in range(args.repeat):
@@ -210,8 +213,8 @@ SELECT cross_entropy({logits}, y) AS r FROM tp CROSS JOIN td;"""
         script += "\n".join(queries[name] for name in names) + "\n"
         order += names
     elapsed, values = run(dfgrad, script)
-    # the setup's 7 statements, then per query the loop and the loss after
-    elapsed = elapsed[7::2]
+    # the setup's statements, then per query the loop and the loss after
+    elapsed = elapsed[setup.count(";")::2]
     times = {name: [] for name in queries}
     losses = {name: [] for name in queries}
     for name, t, v in zip(order, elapsed, values):
