@@ -63,6 +63,7 @@ use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning};
+use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode, PhysicalGroupBy};
 use datafusion::physical_plan::execution_plan::replace_children_if_necessary;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
@@ -221,6 +222,26 @@ pub(crate) fn dealt(plan: &Arc<dyn ExecutionPlan>) -> Option<&RepartitionExec> {
     let r = plan.downcast_ref::<RepartitionExec>()?;
     (matches!(r.partitioning(), Partitioning::RoundRobinBatch(_)) && !r.preserve_order())
         .then_some(r)
+}
+
+/// `aggregate`'s aggregates (and their filters) in `mode`, grouped by
+/// `group_by`, over `input`: one step of an aggregate made of another (a
+/// single aggregate split into its partial and final steps, or the two
+/// joined again).
+pub(crate) fn aggregate_as(
+    aggregate: &AggregateExec,
+    mode: AggregateMode,
+    group_by: PhysicalGroupBy,
+    input: Arc<dyn ExecutionPlan>,
+) -> Result<AggregateExec> {
+    AggregateExec::try_new(
+        mode,
+        group_by,
+        aggregate.aggr_expr().to_vec(),
+        aggregate.filter_expr().to_vec(),
+        input,
+        aggregate.input_schema(),
+    )
 }
 
 /// The one child in `children` (what `ExecutionPlan::with_new_children`

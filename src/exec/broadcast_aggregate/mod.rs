@@ -63,7 +63,7 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
-use super::{at_join, dealt, kit, rewrite_down, Visit};
+use super::{aggregate_as, at_join, dealt, kit, rewrite_down, Visit};
 use row_pass::RowPass;
 
 mod row_pass;
@@ -445,13 +445,11 @@ impl BroadcastAggregateExec {
         if first.mode().output_mode() != AggregateOutputMode::Partial {
             return Ok(None);
         }
-        let single = AggregateExec::try_new(
+        let single = aggregate_as(
+            first,
             AggregateMode::Single,
             first.group_expr().clone(),
-            first.aggr_expr().to_vec(),
-            first.filter_expr().to_vec(),
             Arc::clone(first.input()),
-            first.input_schema(),
         )?;
         if single.schema().fields() != last.schema().fields() {
             return Ok(None);

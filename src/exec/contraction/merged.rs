@@ -53,6 +53,7 @@ use datafusion::physical_plan::{
 use futures::stream::BoxStream;
 
 use super::{at_joins, float_sum, unrepartitioned, ContractionExec, Side, Spec};
+use crate::exec::aggregate_as;
 
 /// The final aggregate a [`ContractionExec`] in final mode replaces too.
 #[derive(Debug, Clone)]
@@ -167,7 +168,9 @@ pub(super) fn is_final(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// A `Single` aggregate (DataFusion's partial and final aggregate in one,
 /// where its input is one partition: `target_partitions = 1`) as the
 /// `Final` aggregate over the `Partial` one that it combines. `None` where
-/// it is not a `Single` aggregate over one partition.
+/// it is not a `Single` aggregate over one partition, or it has a limit
+/// (which the two steps would drop) or reads its input in order (an order
+/// a contraction does not keep).
 fn split(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
     let Some(aggregate) = plan.downcast_ref::<AggregateExec>() else {
         return Ok(None);
@@ -175,24 +178,23 @@ fn split(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>
     let input = aggregate.input();
     if *aggregate.mode() != AggregateMode::Single
         || input.output_partitioning().partition_count() != 1
+        || aggregate.limit_options().is_some()
+        || *aggregate.input_order_mode() != InputOrderMode::Linear
     {
         return Ok(None);
     }
-    let partial = AggregateExec::try_new(
+    let group_by = aggregate.group_expr();
+    let partial = aggregate_as(
+        aggregate,
         AggregateMode::Partial,
-        aggregate.group_expr().clone(),
-        aggregate.aggr_expr().to_vec(),
-        aggregate.filter_expr().to_vec(),
+        group_by.clone(),
         Arc::clone(input),
-        aggregate.input_schema(),
     )?;
-    let merged = AggregateExec::try_new(
+    let merged = aggregate_as(
+        aggregate,
         AggregateMode::Final,
-        aggregate.group_expr().as_final(),
-        aggregate.aggr_expr().to_vec(),
-        aggregate.filter_expr().to_vec(),
+        group_by.as_final(),
         Arc::new(partial),
-        aggregate.input_schema(),
     )?;
     Ok(Some(Arc::new(merged)))
 }
@@ -365,13 +367,11 @@ pub(super) fn merge(
         false,
         None,
     )?;
-    let merged = AggregateExec::try_new(
+    let merged = aggregate_as(
+        aggregate,
         AggregateMode::Final,
         aggregate.group_expr().clone(),
-        aggregate.aggr_expr().to_vec(),
-        aggregate.filter_expr().to_vec(),
         Arc::new(input),
-        aggregate.input_schema(),
     )?;
     merged.execute(0, Arc::clone(context))
 }
