@@ -265,68 +265,60 @@ pub(super) fn finalized(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Contract
     if !same_groups || aggregate.aggr_expr().len() != sums {
         return Ok(None);
     }
-    if hashing.is_none() {
-        // One partition: the probe rows as they are.
-        if partial.properties.partitioning.partition_count() != 1 {
-            return Ok(None);
+    let schema = aggregate.schema();
+    let (right, properties) = match hashing {
+        None => {
+            // One partition: the probe rows as they are, the output as the
+            // final aggregate's.
+            if partial.properties.partitioning.partition_count() != 1 {
+                return Ok(None);
+            }
+            (
+                Arc::clone(&partial.right),
+                Arc::clone(aggregate.properties()),
+            )
         }
-        let mut inputs = vec![Arc::clone(&partial.left)];
-        inputs.extend(partial.near.clone());
-        inputs.push(Arc::clone(&partial.right));
-        let partial_plan = at_joins(Arc::clone(&spec.replaced), inputs)?;
-        let mut spec = (**spec).clone();
-        spec.replaced = replace_children_if_necessary(Arc::clone(plan), vec![partial_plan])?;
-        spec.merged = Some(Merged {
-            aggregate: Arc::clone(plan),
-            schema: aggregate.schema(),
-        });
-        return Ok(Some(ContractionExec::new(
-            Arc::new(spec),
-            Arc::clone(&partial.left),
-            partial.near.clone(),
-            Arc::clone(&partial.right),
-            Arc::clone(aggregate.properties()),
-        )));
-    }
-    if spec.probe.groups.is_empty() {
-        return Ok(None);
-    }
-    // The probe rows hashed by the probe side's group columns.
-    let partitions = aggregate.properties().partitioning.partition_count();
-    let hashed = Partitioning::Hash(spec.probe.groups.clone(), partitions);
-    let right = match partial.right.output_partitioning() == &hashed {
-        true => Arc::clone(&partial.right),
-        false => Arc::new(RepartitionExec::try_new(
-            unrepartitioned(&partial.right),
-            hashed,
-        )?) as Arc<dyn ExecutionPlan>,
+        Some(_) => {
+            if spec.probe.groups.is_empty() {
+                return Ok(None);
+            }
+            // The probe rows hashed by the probe side's group columns, and
+            // so the output, by those columns as they are named there.
+            let partitions = aggregate.properties().partitioning.partition_count();
+            let hashed = Partitioning::Hash(spec.probe.groups.clone(), partitions);
+            let right = match partial.right.output_partitioning() == &hashed {
+                true => Arc::clone(&partial.right),
+                false => Arc::new(RepartitionExec::try_new(
+                    unrepartitioned(&partial.right),
+                    hashed,
+                )?) as Arc<dyn ExecutionPlan>,
+            };
+            let partitioned_by = (0..spec.probe.groups.len())
+                .map(|i| {
+                    let at = (spec.group_order.iter())
+                        .position(|&place| place == (Side::Probe, i))
+                        .expect("each probe group column is an output column");
+                    Arc::new(Column::new(schema.field(at).name(), at)) as Arc<dyn PhysicalExpr>
+                })
+                .collect();
+            let properties = PlanProperties::new(
+                EquivalenceProperties::new(Arc::clone(&schema)),
+                Partitioning::Hash(partitioned_by, partitions),
+                EmissionType::Final,
+                Boundedness::Bounded,
+            );
+            (right, Arc::new(properties))
+        }
     };
     let mut inputs = vec![Arc::clone(&partial.left)];
     inputs.extend(partial.near.clone());
     inputs.push(Arc::clone(&right));
-    let partial_plan = at_joins(Arc::clone(&spec.replaced), inputs)?;
-    let repartition =
-        replace_children_if_necessary(Arc::clone(aggregate.input()), vec![partial_plan])?;
-    let replaced = replace_children_if_necessary(Arc::clone(plan), vec![repartition])?;
-    // The output hashed by the probe side's group columns, as they are
-    // named there.
-    let schema = aggregate.schema();
-    let partitioned_by = (0..spec.probe.groups.len())
-        .map(|i| {
-            let at = (spec.group_order.iter())
-                .position(|&place| place == (Side::Probe, i))
-                .expect("each probe group column is an output column");
-            Arc::new(Column::new(schema.field(at).name(), at)) as Arc<dyn PhysicalExpr>
-        })
-        .collect();
-    let properties = PlanProperties::new(
-        EquivalenceProperties::new(Arc::clone(&schema)),
-        Partitioning::Hash(partitioned_by, partitions),
-        EmissionType::Final,
-        Boundedness::Bounded,
-    );
+    let mut below = at_joins(Arc::clone(&spec.replaced), inputs)?;
+    if hashing.is_some() {
+        below = replace_children_if_necessary(Arc::clone(aggregate.input()), vec![below])?;
+    }
     let mut spec = (**spec).clone();
-    spec.replaced = replaced;
+    spec.replaced = replace_children_if_necessary(Arc::clone(plan), vec![below])?;
     spec.merged = Some(Merged {
         aggregate: Arc::clone(plan),
         schema,
@@ -336,7 +328,7 @@ pub(super) fn finalized(plan: &Arc<dyn ExecutionPlan>) -> Result<Option<Contract
         Arc::clone(&partial.left),
         partial.near.clone(),
         right,
-        Arc::new(properties),
+        properties,
     )))
 }
 
