@@ -729,6 +729,22 @@ fn ints(values: impl IntoIterator<Item = Option<i64>>) -> ArrayRef {
 /// A row of a test relation: two keys and a value.
 type Row = (Option<i64>, Option<i64>, Option<f64>);
 
+/// `rows` rows of two keys drawn from `0..a` and `0..b` and a value from
+/// `-2..2`, each NULL with probability `nulls`.
+fn random_rows(rng: &mut StdRng, rows: usize, (a, b): (i64, i64), nulls: f64) -> Vec<Row> {
+    fn maybe<T>(rng: &mut StdRng, nulls: f64, v: T) -> Option<T> {
+        (!rng.random_bool(nulls)).then_some(v)
+    }
+    (0..rows)
+        .map(|_| {
+            let (x, y) = (rng.random_range(0..a), rng.random_range(0..b));
+            let (x, y) = (maybe(rng, nulls, x), maybe(rng, nulls, y));
+            let v = rng.random_range(-2.0..2.0);
+            (x, y, maybe(rng, nulls, v))
+        })
+        .collect()
+}
+
 /// Registers `rows` as the table `name`: key columns named `keys`, then
 /// `v` and the row's id `i`.
 fn register(ctx: &SessionContext, name: &str, keys: [&str; 2], rows: &[Row]) -> Result<()> {
@@ -806,24 +822,11 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
     for case in 0..12 {
         let nulls = [0.0, 0.15, 0.3][case % 3];
         let distinct = case % 2 == 1;
-        let maybe = |rng: &mut StdRng, v: i64| (!rng.random_bool(nulls)).then_some(v);
-        let value = |rng: &mut StdRng| {
-            let v = rng.random_range(-2.0..2.0);
-            (!rng.random_bool(nulls)).then_some(v)
-        };
         // x(a, b, v, i), w(a, b, v, i): x.b meets w.a
-        let x: Vec<Row> = (0..rng.random_range(1..200))
-            .map(|_| {
-                let (a, b) = (rng.random_range(0..6), rng.random_range(0..5));
-                (maybe(&mut rng, a), maybe(&mut rng, b), value(&mut rng))
-            })
-            .collect();
-        let w: Vec<Row> = (0..rng.random_range(1..40))
-            .map(|_| {
-                let (a, b) = (rng.random_range(0..5), rng.random_range(0..4));
-                (maybe(&mut rng, a), maybe(&mut rng, b), value(&mut rng))
-            })
-            .collect();
+        let rows = rng.random_range(1..200);
+        let x = random_rows(&mut rng, rows, (6, 5), nulls);
+        let rows = rng.random_range(1..40);
+        let w = random_rows(&mut rng, rows, (5, 4), nulls);
         let meets = |xb: Option<i64>, wa: Option<i64>| match distinct {
             true => xb == wa,
             false => xb.is_some() && xb == wa,
@@ -912,24 +915,11 @@ async fn gradients_through_a_relu_layer_are_its_sums() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(4749);
     for case in 0..12 {
         let nulls = [0.0, 0.1, 0.25][case % 3];
-        let maybe = |rng: &mut StdRng, v: i64| (!rng.random_bool(nulls)).then_some(v);
-        let value = |rng: &mut StdRng| {
-            let v = rng.random_range(-2.0..2.0);
-            (!rng.random_bool(nulls)).then_some(v)
-        };
         // h(n, j, v): samples n, hidden units j; w(i, c, v): inputs i = j + 1
-        let h: Vec<Row> = (0..rng.random_range(1..150))
-            .map(|_| {
-                let (n, j) = (rng.random_range(0..12), rng.random_range(0..5));
-                (maybe(&mut rng, n), maybe(&mut rng, j), value(&mut rng))
-            })
-            .collect();
-        let w: Vec<Row> = (0..rng.random_range(1..30))
-            .map(|_| {
-                let (i, c) = (rng.random_range(0..6), rng.random_range(0..3));
-                (maybe(&mut rng, i), maybe(&mut rng, c), value(&mut rng))
-            })
-            .collect();
+        let rows = rng.random_range(1..150);
+        let h = random_rows(&mut rng, rows, (12, 5), nulls);
+        let rows = rng.random_range(1..30);
+        let w = random_rows(&mut rng, rows, (6, 3), nulls);
         let relu = |s: Option<f64>| s.filter(|&s| s > 0.0).unwrap_or(0.0);
         let meets =
             |j: Option<i64>, i: Option<i64>| matches!((j, i), (Some(j), Some(i)) if j + 1 == i);
@@ -992,21 +982,10 @@ async fn gradients_of_a_factorization_are_its_sums() -> Result<()> {
     for case in 0..24 {
         let nulls = [0.0, 0.1, 0.25][case % 3];
         let distinct = case % 2 == 1;
-        let maybe = |rng: &mut StdRng, v: i64| (!rng.random_bool(nulls)).then_some(v);
-        let value = |rng: &mut StdRng| {
-            let v = rng.random_range(-2.0..2.0);
-            (!rng.random_bool(nulls)).then_some(v)
-        };
-        let mut draw = |rows: usize, a: i64, b: i64| -> Vec<Row> {
-            (0..rows)
-                .map(|_| {
-                    let (x, y) = (rng.random_range(0..a), rng.random_range(0..b));
-                    (maybe(&mut rng, x), maybe(&mut rng, y), value(&mut rng))
-                })
-                .collect()
-        };
         // r(a, b, v): ratings of user a for item b; u(a, k, v); f(b, k, v)
-        let (r, u, f) = (draw(60, 5, 4), draw(18, 5, 3), draw(14, 4, 3));
+        let r = random_rows(&mut rng, 60, (5, 4), nulls);
+        let u = random_rows(&mut rng, 18, (5, 3), nulls);
+        let f = random_rows(&mut rng, 14, (4, 3), nulls);
         // a condition across the ratings and f (for u's gradient, on the
         // rest; for f's, across it and the rest: the joined form)
         let across = (case / 4) % 2 == 1;

@@ -131,9 +131,8 @@ fn with_shared_inputs(
                 Some((_, input)) => Arc::clone(input),
                 None => {
                     let new = with_shared_inputs(Arc::clone(was), rewrite, done)?.data;
-                    let same_output =
-                        same_partitioning(new.output_partitioning(), was.output_partitioning())
-                            && new.output_ordering() == was.output_ordering();
+                    let same_output = serves(new.output_partitioning(), was.output_partitioning())
+                        && new.output_ordering() == was.output_ordering();
                     let input = match same_output {
                         true => new,
                         false => Arc::clone(was),
@@ -152,15 +151,15 @@ fn with_shared_inputs(
     })
 }
 
-/// Whether two partitionings split rows alike. `Partitioning`'s own `==`
-/// never holds for `UnknownPartitioning` (nothing is known of either), but
-/// a reader planned for an unknown partitioning of n partitions reads any
-/// unknown partitioning of n partitions alike.
-fn same_partitioning(a: &Partitioning, b: &Partitioning) -> bool {
-    match (a, b) {
-        (Partitioning::UnknownPartitioning(n), Partitioning::UnknownPartitioning(m)) => n == m,
-        _ => a == b,
-    }
+/// Whether rows split as `given` serve a reader planned for rows split as
+/// `wanted`: hashed alike where it was planned for hashed rows, else in as
+/// many partitions. (`Partitioning`'s own `==` never holds for
+/// `UnknownPartitioning`, nothing being known of either; a reader planned
+/// for rows not hashed reads any split into n partitions alike.)
+pub(crate) fn serves(given: &Partitioning, wanted: &Partitioning) -> bool {
+    given == wanted
+        || (!matches!(wanted, Partitioning::Hash(..))
+            && given.partition_count() == wanted.partition_count())
 }
 
 /// The shared inputs rewritten so far, by the address of the input: the

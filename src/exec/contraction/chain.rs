@@ -51,6 +51,7 @@ use super::{
     at_join, beneath, dealt, dot, nulls, plain_inner, split_product, substitute, unprojected,
     unrepartitioned, Build, ContractionExec, Numbered, Part, Spec,
 };
+use crate::exec::serves;
 
 /// A chain's near side and how it meets the other two (see the [module
 /// docs](self)).
@@ -238,11 +239,7 @@ fn linked(pair: &ContractionExec, wanted: &Partitioning) -> Result<Option<Contra
         Arc::clone(&pair.left),
         Arc::clone(&right),
     )?;
-    let (before, after) = (wanted, replaced.output_partitioning());
-    let kept = before == after
-        || (!matches!(before, Partitioning::Hash(..))
-            && before.partition_count() == after.partition_count());
-    if !kept {
+    if !serves(replaced.output_partitioning(), wanted) {
         return Ok(None);
     }
     let Some(aggregate) = replaced.downcast_ref::<AggregateExec>() else {

@@ -431,8 +431,7 @@ impl ContractionExec {
         for e in &exprs[..groups] {
             // A column, or an expression over one side's columns (a key
             // `h.j + 1` that a backward pass groups by).
-            let side = side_of(e, width).filter(|_| !collect_columns(e).is_empty());
-            let Some(side) = side else {
+            let Some((side, true)) = side_and_columns(e, width) else {
                 return Ok(None);
             };
             if !numbering::supported(&e.data_type(&join_schema)?) {
@@ -787,16 +786,22 @@ fn local(c: &Column, width: usize) -> (Side, Arc<dyn PhysicalExpr>) {
 /// none; `None` where it reads both, or is volatile (its value is one
 /// per joined row, not one per row of a side).
 fn side_of(expr: &Arc<dyn PhysicalExpr>, width: usize) -> Option<Side> {
+    side_and_columns(expr, width).map(|(side, _)| side)
+}
+
+/// [`side_of`] `expr`, and whether it reads any column.
+fn side_and_columns(expr: &Arc<dyn PhysicalExpr>, width: usize) -> Option<(Side, bool)> {
     if is_volatile(expr) {
         return None;
     }
     let columns = collect_columns(expr);
+    let reads = !columns.is_empty();
     match (
         columns.iter().all(|c| c.index() < width),
         columns.iter().all(|c| c.index() >= width),
     ) {
-        (true, _) => Some(Side::Build),
-        (false, true) => Some(Side::Probe),
+        (true, _) => Some((Side::Build, reads)),
+        (false, true) => Some((Side::Probe, reads)),
         (false, false) => None,
     }
 }
