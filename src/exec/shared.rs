@@ -201,9 +201,40 @@ impl SharedExec {
 }
 
 impl DisplayAs for SharedExec {
+    /// `SharedExec: input=` and the input's outline: each operator's name,
+    /// its inputs in parentheses, so that EXPLAIN names every operator that
+    /// runs (the input is not a child of the node). A shared input within
+    /// it is outlined the first time it occurs there.
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "SharedExec: input={}", self.input.name())
+        write!(f, "SharedExec: input=")?;
+        outline(&self.input, &mut vec![Arc::as_ptr(&self.cache)], f)
     }
+}
+
+/// `plan`'s operators, each followed by its inputs in parentheses; a
+/// [`SharedExec`] whose cache is in `seen` by its name only.
+fn outline(
+    plan: &Arc<dyn ExecutionPlan>,
+    seen: &mut Vec<*const Cache>,
+    f: &mut fmt::Formatter,
+) -> fmt::Result {
+    write!(f, "{}", plan.name())?;
+    let inputs = match plan.downcast_ref::<SharedExec>() {
+        Some(shared) if seen.contains(&Arc::as_ptr(&shared.cache)) => vec![],
+        Some(shared) => {
+            seen.push(Arc::as_ptr(&shared.cache));
+            vec![&shared.input]
+        }
+        None => plan.children(),
+    };
+    if inputs.is_empty() {
+        return Ok(());
+    }
+    for (i, input) in inputs.into_iter().enumerate() {
+        write!(f, "{}", if i == 0 { "(" } else { ", " })?;
+        outline(input, seen, f)?;
+    }
+    write!(f, ")")
 }
 
 impl ExecutionPlan for SharedExec {
