@@ -647,7 +647,15 @@ fn with_stats(
             )
         })
         .collect();
-    let joined = join_nulls_equal(seed, stats_rel, pairs, JoinType::Left)?;
+    // Without group keys the statistics are one row (an aggregate without
+    // groups always has it): the seed's rows each meet it, as the left join
+    // pairs them, by a cross join (a left join without keys is a nested
+    // loop).
+    let join_type = match nkeys {
+        0 => JoinType::Inner,
+        _ => JoinType::Left,
+    };
+    let joined = join_nulls_equal(seed, stats_rel, pairs, join_type)?;
     let mut exprs: Vec<Expr> = (0..nkeys)
         .map(|j| qualified(SEED, Placeholder::Key.name(j)).alias(Placeholder::Key.name(j)))
         .collect();
