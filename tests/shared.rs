@@ -156,3 +156,29 @@ async fn an_average_meets_its_count_by_a_cross_join() -> Result<()> {
     assert_close(&gradients(&batches), &want);
     Ok(())
 }
+
+/// `EXPLAIN ANALYZE` outlines a shared subplan with what each of its
+/// operators did: the forward product's contraction made the 6 × 2 groups
+/// of `Y`; plain `EXPLAIN` (nothing ran) names the operators only.
+#[tokio::test]
+async fn explain_analyze_shows_what_a_shared_subplans_operators_did() -> Result<()> {
+    let ctx = session().await?;
+    let text = |batches: &[datafusion::arrow::array::RecordBatch]| {
+        datafusion::arrow::util::pretty::pretty_format_batches(batches).map(|t| t.to_string())
+    };
+    let explained = text(
+        &ctx.sql(&format!("EXPLAIN {GRAD_W}"))
+            .await?
+            .collect()
+            .await?,
+    )?;
+    assert!(explained.contains("(ContractionExec("), "{explained}");
+    assert!(!explained.contains("[rows="), "{explained}");
+    let analyzed = ctx.sql(&format!("EXPLAIN ANALYZE {GRAD_W}")).await?;
+    let analyzed = text(&analyzed.collect().await?)?;
+    assert!(
+        analyzed.contains("(ContractionExec[rows=12, "),
+        "{analyzed}"
+    );
+    Ok(())
+}

@@ -74,3 +74,53 @@ fn a_row_of_sums_is_its_groups_side_by_side() {
     groups.add(place, 0, 1.0);
     assert_eq!(groups.take().probe.len(), 1);
 }
+
+/// Every place of the side-by-side layout a group (a dense product's
+/// sums): emitted in the order of their places as before, NULL where no
+/// non-NULL product came — with one sum and with two.
+#[test]
+fn a_full_grid_of_groups_is_emitted_in_order() {
+    let mut groups = Groups::new(2, 1);
+    let p = groups.place(1, 1);
+    groups.add(p, 0, 2.5);
+    groups.row(0).expect("the dense layout gives rows")[1] += 4.0;
+    // (1, 0) met, but by no non-NULL product
+    groups.place(1, 0);
+    let out = groups.take();
+    let sums = &out.sums[0];
+    let got: Vec<_> = (0..out.probe.len())
+        .map(|i| {
+            let sum = sums.is_valid(i).then(|| sums.value(i));
+            (out.probe.value(i), out.build.value(i), sum)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, 0, Some(0.0)),
+            (0, 1, Some(4.0)),
+            (1, 0, None),
+            (1, 1, Some(2.5))
+        ]
+    );
+    assert!(groups.is_empty());
+    // Used again after the sums were given: a fresh grid.
+    let p = groups.place(0, 1);
+    groups.add(p, 0, 1.0);
+    assert_eq!(groups.take().sums[0].len(), 1);
+
+    let mut groups = Groups::new(2, 2);
+    groups.row(0).expect("the dense layout gives rows")[3] = 5.0;
+    let p = groups.place(1, 0);
+    groups.add(p, 1, 6.0);
+    groups.place(1, 1);
+    assert_eq!(
+        rows(&groups.take()),
+        [
+            (0, 0, Some(0.0), Some(0.0)),
+            (0, 1, Some(0.0), Some(5.0)),
+            (1, 0, None, Some(6.0)),
+            (1, 1, None, None),
+        ]
+    );
+}

@@ -215,40 +215,76 @@ impl Groups {
 
     /// Every group met, in the order of their places, and no groups left.
     pub fn take(&mut self) -> Emitted {
-        let (probe, build, places): (Vec<u32>, Vec<u32>, Vec<usize>) = match &mut self.layout {
-            Layout::Dense {
-                width,
-                present,
-                met,
-            } => {
-                let width = *width;
-                let places: Vec<usize> = (0..present.len()).filter(|&p| present[p]).collect();
-                present.clear();
-                *met = 0;
-                (
-                    places.iter().map(|&p| (p / width) as u32).collect(),
-                    places.iter().map(|&p| (p % width) as u32).collect(),
-                    places,
-                )
+        let m = self.aggregates;
+        // The places of the groups met; `None`: every place laid out
+        // (a dense product's sums), in order.
+        let (probe, build, places): (Vec<u32>, Vec<u32>, Option<Vec<usize>>) =
+            match &mut self.layout {
+                Layout::Dense {
+                    width,
+                    present,
+                    met,
+                } if *met == present.len() => {
+                    let (width, rows) = (*width, present.len() / *width);
+                    present.clear();
+                    *met = 0;
+                    let probe = (0..rows as u32)
+                        .flat_map(|g| std::iter::repeat_n(g, width))
+                        .collect();
+                    let build = (0..rows).flat_map(|_| 0..width as u32).collect();
+                    (probe, build, None)
+                }
+                Layout::Dense {
+                    width,
+                    present,
+                    met,
+                } => {
+                    let width = *width;
+                    let places: Vec<usize> = (0..present.len()).filter(|&p| present[p]).collect();
+                    present.clear();
+                    *met = 0;
+                    (
+                        places.iter().map(|&p| (p / width) as u32).collect(),
+                        places.iter().map(|&p| (p % width) as u32).collect(),
+                        Some(places),
+                    )
+                }
+                Layout::Hashed { places, pairs } => {
+                    places.clear();
+                    let taken = std::mem::take(pairs);
+                    (
+                        taken.iter().map(|p| p.0).collect(),
+                        taken.iter().map(|p| p.1).collect(),
+                        None,
+                    )
+                }
+            };
+        let sums = match places {
+            // Every place a group, in order: the sums as they lie.
+            None if m == 1 => {
+                let valid =
+                    (!self.seen.iter().all(|&s| s)).then(|| NullBuffer::from(&self.seen[..]));
+                vec![Float64Array::new(
+                    std::mem::take(&mut self.sums).into(),
+                    valid,
+                )]
             }
-            Layout::Hashed { places, pairs } => {
-                places.clear();
-                let taken = std::mem::take(pairs);
-                (
-                    taken.iter().map(|p| p.0).collect(),
-                    taken.iter().map(|p| p.1).collect(),
-                    (0..taken.len()).collect(),
-                )
-            }
+            None => (0..m)
+                .map(|a| {
+                    let values: Vec<f64> = self.sums.iter().skip(a).step_by(m).copied().collect();
+                    let seen = self.seen.iter().skip(a).step_by(m);
+                    Float64Array::new(values.into(), Some(NullBuffer::from_iter(seen.copied())))
+                })
+                .collect(),
+            Some(places) => (0..m)
+                .map(|a| {
+                    let at = |p: usize| p * m + a;
+                    let values: Vec<f64> = places.iter().map(|&p| self.sums[at(p)]).collect();
+                    let valid = NullBuffer::from_iter(places.iter().map(|&p| self.seen[at(p)]));
+                    Float64Array::new(values.into(), Some(valid))
+                })
+                .collect(),
         };
-        let sums = (0..self.aggregates)
-            .map(|a| {
-                let at = |p: usize| p * self.aggregates + a;
-                let values: Vec<f64> = places.iter().map(|&p| self.sums[at(p)]).collect();
-                let valid = NullBuffer::from_iter(places.iter().map(|&p| self.seen[at(p)]));
-                Float64Array::new(values.into(), Some(valid))
-            })
-            .collect();
         self.sums.clear();
         self.seen.clear();
         Emitted {
