@@ -25,6 +25,7 @@ use datafusion::error::Result;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext;
 use datafusion::logical_expr::{Expr, LogicalPlan, UserDefinedLogicalNode};
+use datafusion::physical_plan::analyze::AnalyzeExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, PhysicalPlanner};
@@ -38,6 +39,7 @@ use crate::exec::iterations::limit_iterations;
 use crate::exec::one_final_partition;
 use crate::exec::overwrite::OverwriteExec;
 use crate::exec::row_index::Duplicate;
+use crate::exec::runs;
 use crate::exec::shared::{Cache, SharedExec};
 use crate::options::GradOptions;
 use crate::plan::adjoint_loop::AdjointLoop;
@@ -107,6 +109,9 @@ impl QueryPlanner for SharingPlanner {
         ])
         .create_physical_plan(&plan, session)
         .await?;
+        if let Some(analyzed) = plan.downcast_ref::<AnalyzeExec>() {
+            runs::analyze(analyzed.input());
+        }
         limit_iterations(plan)
     }
 }

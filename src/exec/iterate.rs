@@ -29,6 +29,7 @@ use futures::StreamExt;
 
 use super::iterations::{Iteration, IterationLimit, IterationProgress};
 use super::kit;
+use super::runs::Runs;
 use super::shared::SharedExec;
 
 /// The rows of the previous iteration, which the [`IterationScanExec`]s of
@@ -52,6 +53,8 @@ pub struct IterateExec {
     rows: Arc<IterationRows>,
     distinct: bool,
     properties: Arc<PlanProperties>,
+    /// The copies of the recursive term that ran, for `EXPLAIN ANALYZE`.
+    runs: Arc<Runs>,
 }
 
 impl IterateExec {
@@ -79,11 +82,17 @@ impl IterateExec {
             rows,
             distinct,
             properties: Arc::new(single_partition(schema)),
+            runs: Arc::default(),
         })
     }
 }
 
 impl IterateExec {
+    /// The copies of the recursive term that ran ([`super::runs`]).
+    pub(crate) fn runs(&self) -> &Runs {
+        &self.runs
+    }
+
     /// Whether the recursion keeps only rows it has not produced before
     /// (`UNION`): an iteration's rows then depend on all the rows before.
     pub(crate) fn distinct(&self) -> bool {
@@ -111,6 +120,7 @@ impl IterateExec {
                 made.push(batch);
             }
         }
+        self.runs.ran(&term);
         *self.rows.rows.lock().expect("iteration rows lock") = None;
         Ok(made)
     }
@@ -204,8 +214,10 @@ impl ExecutionPlan for IterateExec {
     kit::own_properties!();
     kit::no_expressions!();
 
+    /// The recursive term shown is the first copy that ran, under `EXPLAIN
+    /// ANALYZE` ([`super::runs`]).
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.static_term, &self.recursive_term]
+        vec![&self.static_term, self.runs.shown(&self.recursive_term)]
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
@@ -235,6 +247,7 @@ impl ExecutionPlan for IterateExec {
             rows: Arc::clone(&self.rows),
             distinct: self.distinct,
             properties: Arc::clone(&self.properties),
+            runs: Arc::new(Runs::like(&self.runs)),
         }))
     }
 
@@ -254,7 +267,9 @@ impl ExecutionPlan for IterateExec {
         let run = Run {
             limit: IterationLimit::of(&context),
             current: self.static_term.execute(0, Arc::clone(&context))?,
+            term: None,
             recursive_term: Arc::clone(&self.recursive_term),
+            runs: Arc::clone(&self.runs),
             rows: Arc::clone(&self.rows),
             produced: Vec::new(),
             reservation: MemoryConsumer::new("IterateExec").register(context.memory_pool()),
@@ -280,7 +295,10 @@ struct Run {
     limit: IterationLimit,
     /// The term running now.
     current: SendableRecordBatchStream,
+    /// The copy of the recursive term running now (`None`: the static term).
+    term: Option<Arc<dyn ExecutionPlan>>,
     recursive_term: Arc<dyn ExecutionPlan>,
+    runs: Arc<Runs>,
     rows: Arc<IterationRows>,
     /// What the running term has produced so far: the next iteration's rows.
     produced: Vec<RecordBatch>,
@@ -313,8 +331,12 @@ impl Run {
                     self.produced.push(batch.clone());
                     return Ok(Some(batch));
                 }
-                None if self.produced.is_empty() => return Ok(None),
+                None if self.produced.is_empty() => {
+                    self.ran();
+                    return Ok(None);
+                }
                 None => {
+                    self.ran();
                     // The next iteration reads what this one produced; the
                     // rows this one read are released.
                     let rows = std::mem::take(&mut self.produced);
@@ -334,8 +356,16 @@ impl Run {
                     IterationProgress::report(&self.context, iteration);
                     let term = reset_plan_states(Arc::clone(&self.recursive_term))?;
                     self.current = term.execute(0, Arc::clone(&self.context))?;
+                    self.term = Some(term);
                 }
             }
+        }
+    }
+
+    /// The running term has ended.
+    fn ran(&mut self) {
+        if let Some(term) = self.term.take() {
+            self.runs.ran(&term);
         }
     }
 }

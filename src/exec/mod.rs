@@ -50,6 +50,7 @@ pub(crate) mod kit;
 pub mod loop_invariant;
 pub mod overwrite;
 pub mod row_index;
+pub(crate) mod runs;
 pub mod serial_iterations;
 pub mod shared;
 pub mod split_scan;

@@ -24,6 +24,7 @@ use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use futures::{StreamExt, TryStreamExt};
 
 use super::kit;
+use super::runs::Runs;
 
 /// The batches of every partition of a shared input, and the memory they
 /// hold in the pool (`None`: too large to keep).
@@ -39,6 +40,9 @@ type Pending =
 pub struct Cache(
     /// The iteration the result was computed in, and the result.
     Mutex<Option<(u64, Pending)>>,
+    /// The copies of the input computed again in later iterations, for
+    /// `EXPLAIN ANALYZE` ([`super::runs`]).
+    Arc<Runs>,
 );
 
 impl Cache {
@@ -73,11 +77,14 @@ impl Cache {
                 return Ok(pending.clone());
             }
         }
-        let input = match iteration {
-            0 => Arc::clone(input),
+        let (input, runs) = match iteration {
+            0 => (Arc::clone(input), None),
             // A join's build side and the like are kept in the plan's
             // state: reset, as the recursion resets its own term.
-            _ => reset_plan_states(Arc::clone(input))?,
+            _ => (
+                reset_plan_states(Arc::clone(input))?,
+                Some(Arc::clone(&self.1)),
+            ),
         };
         let context = Arc::clone(context);
         let pending = async move {
@@ -113,6 +120,9 @@ impl Cache {
                     .await
                     .map_err(|e| DataFusionError::ExecutionJoin(Box::new(e)))??;
                 partitions.push(batches);
+            }
+            if let Some(runs) = runs {
+                runs.ran(&input);
             }
             let size = partitions
                 .iter()
@@ -164,6 +174,12 @@ impl SharedExec {
         &self.input
     }
 
+    /// The copies of the input computed in later iterations
+    /// ([`super::runs`]).
+    pub(crate) fn runs(&self) -> &Runs {
+        &self.cache.1
+    }
+
     /// This occurrence over `input`, the same subplan reading the rows of a
     /// recursive query's previous iteration, which `iteration` counts: kept
     /// for one iteration, shared by the occurrences that read it then (the
@@ -208,7 +224,8 @@ impl DisplayAs for SharedExec {
     /// it is outlined the first time it occurs there.
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(f, "SharedExec: input=")?;
-        outline(&self.input, &mut vec![Arc::as_ptr(&self.cache)], f)
+        let input = self.runs().shown(&self.input);
+        outline(input, &mut vec![Arc::as_ptr(&self.cache)], f)
     }
 }
 
@@ -233,7 +250,7 @@ fn outline(
         Some(shared) if seen.contains(&Arc::as_ptr(&shared.cache)) => vec![],
         Some(shared) => {
             seen.push(Arc::as_ptr(&shared.cache));
-            vec![&shared.input]
+            vec![shared.runs().shown(&shared.input)]
         }
         None => plan.children(),
     };
