@@ -210,3 +210,31 @@ async fn explain_analyze_sums_a_loops_iterations() -> Result<()> {
     assert!(text.contains("(ContractionExec[rows=48, "), "{text}");
     Ok(())
 }
+
+/// A loop reads each iteration's rows compacted: a table made by a `CROSS
+/// JOIN` of series comes as 100 batches of two rows, and the self-join of
+/// the loop's rows took them one by one in each iteration; its probe side
+/// now reads one batch per iteration (two iterations join rows).
+#[tokio::test]
+async fn a_loop_reads_its_rows_compacted() -> Result<()> {
+    let config = SessionConfig::new().with_target_partitions(1);
+    let ctx = datafusion_grad::session_context_with_config(config);
+    ctx.sql(
+        "CREATE TABLE p AS SELECT d, h, cos(d * 1.3 + h) AS val
+           FROM (SELECT value AS d FROM generate_series(0, 99))
+           CROSS JOIN (SELECT value AS h FROM generate_series(0, 1))",
+    )
+    .await?
+    .collect()
+    .await?;
+    let sql = "EXPLAIN ANALYZE WITH RECURSIVE t(k, d, h, v) AS (
+          SELECT 0, d, h, val FROM p
+          UNION ALL
+          SELECT a.k + 1, a.d, a.h, a.v + b.v FROM t a JOIN t b ON a.d = b.d AND a.h = b.h
+          WHERE a.k < 2)
+        SELECT count(*) FROM t";
+    let batches = ctx.sql(sql).await?.collect().await?;
+    let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
+    assert!(text.contains(" input_batches=2, input_rows=400,"), "{text}");
+    Ok(())
+}

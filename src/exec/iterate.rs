@@ -28,9 +28,9 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 
 use super::iterations::{Iteration, IterationLimit, IterationProgress};
-use super::kit;
 use super::runs::Runs;
 use super::shared::SharedExec;
+use super::{compactor, kit};
 
 /// The rows of the previous iteration, which the [`IterationScanExec`]s of
 /// the recursive term read (`None` before the first), and the number of
@@ -339,7 +339,8 @@ impl Run {
                     self.ran();
                     // The next iteration reads what this one produced; the
                     // rows this one read are released.
-                    let rows = std::mem::take(&mut self.produced);
+                    let produced = std::mem::take(&mut self.produced);
+                    let rows = self.compacted(produced)?;
                     let size = rows.iter().map(RecordBatch::get_array_memory_size).sum();
                     let count: u64 = rows.iter().map(|b| b.num_rows() as u64).sum();
                     self.reservation.resize(size);
@@ -360,6 +361,20 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// `rows`, an iteration's, compacted for the next iteration to read
+    /// (the static term's may be hundreds of small batches, which every
+    /// operator reading them would take one by one, in every iteration's
+    /// several reads).
+    fn compacted(&self, rows: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+        let size = self.context.session_config().batch_size();
+        let mut compacted = compactor(rows[0].schema(), size);
+        for batch in rows {
+            compacted.push_batch(batch)?;
+        }
+        compacted.finish_buffered_batch()?;
+        Ok(std::iter::from_fn(|| compacted.next_completed_batch()).collect())
     }
 
     /// The running term has ended.

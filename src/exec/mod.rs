@@ -59,6 +59,7 @@ pub mod step_projections;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::internal_err;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode, TreeNodeRecursion};
@@ -150,6 +151,16 @@ fn with_shared_inputs(
             })
         })
     })
+}
+
+/// A coalescer of rows to keep in memory (a shared subplan's result, a
+/// loop's rows for its next iteration): batches of fewer than half of
+/// `size` rows compacted into batches of `size`, larger ones kept as they
+/// are. Each batch kept costs its arrays' buffers and headers and every
+/// reader one more step (a table made by a `CROSS JOIN` of series, or by
+/// many `INSERT`s, arrives in hundreds of small batches).
+pub(crate) fn compactor(schema: SchemaRef, size: usize) -> BatchCoalescer {
+    BatchCoalescer::new(schema, size).with_biggest_coalesce_batch_size(Some(size / 2))
 }
 
 /// Whether rows split as `given` serve a reader planned for rows split as

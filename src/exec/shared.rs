@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use datafusion::arrow::array::RecordBatch;
-use datafusion::arrow::compute::BatchCoalescer;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::DataFusionError;
 use datafusion::error::Result;
@@ -23,8 +22,8 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared as SharedFuture};
 use futures::{StreamExt, TryStreamExt};
 
-use super::kit;
 use super::runs::Runs;
+use super::{compactor, kit};
 
 /// The batches of every partition of a shared input, and the memory they
 /// hold in the pool (`None`: too large to keep).
@@ -95,13 +94,9 @@ impl Cache {
                     SpawnedTask::spawn(async move {
                         let mut stream = stream?;
                         // Kept compacted: a loop's history arrives as one
-                        // small batch per iteration, and each batch kept
-                        // costs its arrays' buffers and headers (several KB
-                        // for a one-row batch) and every reader one more
-                        // step. Batches of half the batch size or more are
-                        // kept as they are.
-                        let mut kept = BatchCoalescer::new(stream.schema(), size)
-                            .with_biggest_coalesce_batch_size(Some(size / 2));
+                        // small batch per iteration (several KB of buffers
+                        // and headers for a one-row batch).
+                        let mut kept = compactor(stream.schema(), size);
                         let mut batches = Vec::new();
                         while let Some(batch) = stream.next().await {
                             kept.push_batch(batch?)?;
