@@ -87,8 +87,13 @@ fn mark(plan: &Arc<dyn ExecutionPlan>, seen: &mut HashSet<usize>) {
 /// Adds the figures of `from`'s operators into those of the same operators
 /// of `into` (the same plan's first copy that ran). A figure that the copy
 /// shares with it (an operator whose copies keep one set of metrics) is
-/// not added again; one `into` did not register is left out.
+/// not added again; one `into` did not register is left out, and so is an
+/// operator (with its inputs) that is not the same in both (a shared
+/// subplan computed by another occurrence's rewrite of it).
 fn add_figures(into: &Arc<dyn ExecutionPlan>, from: &Arc<dyn ExecutionPlan>) {
+    if into.name() != from.name() || into.children().len() != from.children().len() {
+        return;
+    }
     if let (Some(kept), Some(added)) = (into.metrics(), from.metrics()) {
         for metric in added.iter() {
             let same = kept.iter().find(|m| {
