@@ -908,12 +908,16 @@ async fn gradients_through_groups_of_one_side_are_their_sums() -> Result<()> {
 /// ON h.j + 1 = w.i` (the input numbered past the bias, a key that is an
 /// expression), `relu` written as `CASE WHEN s > 0 THEN s ELSE 0.0 END`
 /// (0 for a NULL `s`), loss `Σ z²`: the gradient with respect to the rows
-/// of `w` is `hᵀ · 2z` summed per row, against the sums written out here
+/// of `w` is `hᵀ · 2z` summed per row, and with respect to the rows of `h`
+/// `2z · wᵀ` where `s > 0` (else 0), against the sums written out here
 /// (NULL keys, values and sums, repeated rows). The `CASE` makes the
 /// engine test the whole term `ā · relu(s) · w.val` for NULL; that test,
 /// taken apart per factor, lets the pass sum over `h` and the adjoints
 /// (grouped by the key expression) without the rows of `h ⋈ w`: a
-/// contraction wherever the aggregate is partial.
+/// contraction wherever the aggregate is partial. For `h`, the partial is
+/// `CASE WHEN s > 0 THEN ā · w.val ELSE 0 END` (with the guards): the sums
+/// of `ā · w.val` over `w` per key and sample, taken where `s > 0` (a
+/// contraction of the adjoints with `w`), never the rows of `h ⋈ w`.
 #[tokio::test]
 async fn gradients_through_a_relu_layer_are_its_sums() -> Result<()> {
     let mut rng = StdRng::seed_from_u64(4749);
@@ -969,6 +973,24 @@ async fn gradients_through_a_relu_layer_are_its_sums() -> Result<()> {
         .await?;
         let got = gradients(&ctx, "l", "w", w.len(), true).await?;
         same_gradients(&got, &expected, &format!("case {case}, w"));
+        // h's rows: 2z · w.v over the joined rows whose z and w.v are not
+        // NULL, where s > 0 (else 0); NULL for a NULL s.
+        let expected: Vec<Option<f64>> = (0..h.len())
+            .map(|t| {
+                let s = h[t].2?;
+                let mut g = 0.0;
+                for &(_, wi) in joined.iter().filter(|&&(hi, _)| hi == t) {
+                    if let (Some(Some(z)), Some(wv)) = (z.get(&(h[t].0, w[wi].1)), w[wi].2) {
+                        if s > 0.0 {
+                            g += 2.0 * z * wv;
+                        }
+                    }
+                }
+                Some(g)
+            })
+            .collect();
+        let got = gradients(&ctx, "l", "h", h.len(), true).await?;
+        same_gradients(&got, &expected, &format!("case {case}, h"));
     }
     Ok(())
 }

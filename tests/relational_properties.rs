@@ -21,6 +21,10 @@ const TERMS: &[&str] = &[
     "exp({v} / 4) + d.x",
     "CASE WHEN d.x > 0 THEN {v} ELSE {v} * {v} END",
     "tanh({v} * d.x - 0.5)",
+    // piecewise in the parameter: a partial that is 0 unless a condition
+    // on the parameter's row holds
+    "CASE WHEN {v} > 0.2 THEN {v} * d.x ELSE 0.0 END",
+    "d.x * CASE WHEN {v} > 0 THEN {v} ELSE 0.0 END",
 ];
 
 /// Aggregates of a row-wise term `{e}` within a group.

@@ -259,6 +259,8 @@ impl<'a> Backward<'a> {
                 }
                 false => None,
             };
+            // Summed per target row, each target row is there once.
+            let once = matches!(contracted, Some(PerRow::Rows(_)));
             let there = match contracted {
                 Some(PerRow::Rows(rows)) => rows,
                 Some(PerRow::Scaled(Scaled { sums, factor })) => {
@@ -319,7 +321,7 @@ impl<'a> Backward<'a> {
                     };
                     let nkeys = a.group_expr.len();
                     let keys: Vec<Expr> = (0..nkeys).map(|j| leaf.column(j)).collect();
-                    let summed = match own_rows(a, &alt, &there, start, indexes.len())? {
+                    let summed = match own_rows(a, &alt, once, &there, start, indexes.len())? {
                         // Each group's one row: its partials are its sums.
                         true => {
                             let mut exprs = keys;
@@ -524,18 +526,20 @@ fn summed(
 /// `alt`'s rows, where they read the aggregate `a`) summed per group of
 /// `a` are the partials themselves: the block reads `a` alone (its rows
 /// are `a`'s, filtered, each joined to at most one row of a seed that has
-/// one row per key), `a` has plain group keys (one output row per group;
+/// one row per key) or `rows` are `a`'s rows each once (`once`: summed per
+/// row of `a` over the block, see `factored`), `a` has plain group keys (one output row per group;
 /// not grouping sets, and not none: an aggregate without groups gives a
 /// row of NULLs for no rows), and the partials are `Float64` (their sums'
 /// type).
 fn own_rows(
     a: &Aggregate,
     alt: &Alternative,
+    once: bool,
     rows: &LogicalPlan,
     start: usize,
     count: usize,
 ) -> Result<bool> {
-    if alt.leaves.len() != 1
+    if (alt.leaves.len() != 1 && !once)
         || a.group_expr.is_empty()
         || a.group_expr
             .iter()

@@ -32,6 +32,16 @@
 //! meeting the rows of `v` of its item (a contraction of the ratings with
 //! `v`, never the ratings times the factors).
 //!
+//! A partial that is zero unless a condition on the target's row holds —
+//! a `relu`'s, `CASE WHEN s > 0 THEN ā · w.val ELSE 0 END`, with the
+//! engine's NULL guards around it — is summed the same way inside its
+//! condition: per target row, `CASE WHEN s > 0 THEN Σ ā · w.val ELSE 0
+//! END`, the `ELSE` being what the rows' zeros sum to (NULL where every
+//! row's guards are NULL, as summing them would give). The backward pass
+//! of a `relu` layer's input is then the contraction `Ā · Wᵀ`, not the
+//! rows of `h ⋈ w` (a network's hidden layer: 100,000 joined rows per step
+//! of the benchmark's network).
+//!
 //! Exactly the rows of the joined form: a row of `S` exists only where a
 //! joined row does; NULL join keys never match (unless the join says `IS
 //! NOT DISTINCT FROM`) and NULL group keys are one group; a factor that is
@@ -198,8 +208,16 @@ impl Leaves {
 /// `ā · relu(s) · w` that has a `CASE` in it), one such factor per factor
 /// of `c`: a product of floats is NULL exactly where one of its factors is,
 /// so the guards' product is NULL on the same rows, and each guard reads
-/// one side alone.
-fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()>> {
+/// one side alone. Where `gate` is given (and still empty), one factor may
+/// be a [`Gate`] — `CASE WHEN c THEN e ELSE 0.0 END` (or `CASE WHEN c THEN
+/// 0.0 ELSE e END`), the derivative of a `relu` or another piecewise
+/// function: `e`'s factors go into the gate, not into `out`.
+fn factors(
+    e: &Expr,
+    schema: &DFSchema,
+    out: &mut Vec<Expr>,
+    mut gate: Option<&mut Option<Gate>>,
+) -> Result<Option<()>> {
     let float = e.get_type(schema)? == DataType::Float64;
     if let Expr::Case(Case {
         expr: None,
@@ -209,33 +227,40 @@ fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()
     {
         if let Some(tested) = null_tested(when_then_expr).filter(|_| float) {
             let mut parts = vec![];
-            if factors(tested, schema, &mut parts)?.is_none() {
+            if factors(tested, schema, &mut parts, None)?.is_none() {
                 parts = vec![tested.clone()];
             }
             for part in parts {
-                out.push(Expr::Case(Case::new(
-                    None,
-                    vec![(
-                        Box::new(part.is_null()),
-                        Box::new(lit(ScalarValue::Float64(None))),
-                    )],
-                    Some(Box::new(lit(1.0))),
-                )));
+                out.push(guard(part));
             }
-            return factors(otherwise, schema, out);
+            return factors(otherwise, schema, out, gate);
+        }
+        if let Some(slot) = gate.as_deref_mut().filter(|g| g.is_none() && float) {
+            if let Some((when, then)) = gated(when_then_expr, otherwise) {
+                let mut inner = vec![];
+                if factors(&then, schema, &mut inner, None)?.is_none() {
+                    return Ok(None);
+                }
+                *slot = Some(Gate {
+                    when,
+                    inner,
+                    whole: e.clone(),
+                });
+                return Ok(Some(()));
+            }
         }
     }
     match e {
-        Expr::Alias(a) => factors(&a.expr, schema, out),
+        Expr::Alias(a) => factors(&a.expr, schema, out, gate),
         Expr::BinaryExpr(BinaryExpr {
             left,
             op: Operator::Multiply,
             right,
         }) if float => {
-            if factors(left, schema, out)?.is_none() {
+            if factors(left, schema, out, gate.as_deref_mut())?.is_none() {
                 return Ok(None);
             }
-            factors(right, schema, out)
+            factors(right, schema, out, gate)
         }
         // The engine's unit factor: nothing to multiply by.
         Expr::Literal(ScalarValue::Float64(Some(one)), _) if *one == 1.0 => Ok(Some(())),
@@ -244,6 +269,54 @@ fn factors(e: &Expr, schema: &DFSchema, out: &mut Vec<Expr>) -> Result<Option<()
             Ok(Some(()))
         }
         _ => Ok(None),
+    }
+}
+
+/// The NULL guard `CASE WHEN e IS NULL THEN NULL ELSE 1.0 END`: NULL where
+/// `e` is, else 1.
+fn guard(e: Expr) -> Expr {
+    Expr::Case(Case::new(
+        None,
+        vec![(
+            Box::new(e.is_null()),
+            Box::new(lit(ScalarValue::Float64(None))),
+        )],
+        Some(Box::new(lit(1.0))),
+    ))
+}
+
+/// The factor of a product that is zero unless a condition holds:
+/// `CASE WHEN when THEN Π inner ELSE 0.0 END`. Summed over the rows that
+/// meet a target row, where `when` reads the target alone, it is
+/// `CASE WHEN when THEN Π inner_T · Σ (Π outer_O · Π inner_O) ELSE Σ (Π
+/// outer_O · 0.0) END` (times `Π outer_T`) — the sum of zeros is 0, or NULL
+/// where every product around the gate is, as each row's zero would give.
+struct Gate {
+    /// The condition (NULL: not met).
+    when: Expr,
+    /// The factors of the value where it holds.
+    inner: Vec<Expr>,
+    /// The gate as written (a factor of one side where all of it reads that
+    /// side).
+    whole: Expr,
+}
+
+/// `(c, e)` of `CASE WHEN c THEN e ELSE 0.0 END`, or of `CASE WHEN c THEN
+/// 0.0 ELSE e END` as `(c IS NOT TRUE, e)` (`e` where `c` is false or NULL).
+fn gated(when_then: &[(Box<Expr>, Box<Expr>)], otherwise: &Expr) -> Option<(Expr, Expr)> {
+    let zero = |e: &Expr| {
+        matches!(e, Expr::Literal(ScalarValue::Float64(Some(z)), _)
+            if *z == 0.0 && z.is_sign_positive())
+    };
+    let [(when, then)] = when_then else {
+        return None;
+    };
+    match () {
+        _ if zero(otherwise) && !zero(then) => Some((when.as_ref().clone(), then.as_ref().clone())),
+        _ if zero(then) && !zero(otherwise) => {
+            Some((when.as_ref().clone().is_not_true(), otherwise.clone()))
+        }
+        _ => None,
     }
 }
 
@@ -263,6 +336,72 @@ fn null_tested(when_then: &[(Box<Expr>, Box<Expr>)]) -> Option<&Expr> {
 /// `factors` multiplied (1.0 for none).
 fn product(factors: Vec<Expr>) -> Expr {
     factors.into_iter().reduce(|a, b| a * b).unwrap_or(lit(1.0))
+}
+
+/// Which part of a contraction a factor reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    /// The target leaf's row (or the adjoints, where they meet it).
+    Target,
+    /// The other leaves' rows (or the adjoints, where they meet them).
+    Rest,
+}
+
+/// A partial `Π mine · Π theirs`, or `Π mine · Π theirs ·` a gate.
+struct Split {
+    mine: Expr,
+    theirs: Expr,
+    gate: Option<SplitGate>,
+}
+
+/// A [`Gate`] whose condition reads the target's row: `CASE WHEN when
+/// THEN mine · Σ theirs ELSE` the zeros `END` per target row.
+struct SplitGate {
+    when: Expr,
+    /// The target's factors in the gate.
+    mine: Expr,
+    /// The rest's factors outside the gate and in it.
+    theirs: Expr,
+    zeros: Zeros,
+}
+
+/// What the rest's factors outside a gate times 0 sum to over the rows that
+/// meet a target row.
+enum Zeros {
+    /// No such factor: 0.
+    None,
+    /// NULL guards of every factor of the rest's in the gate: NULL where
+    /// the gate's sum is (no row's factors all non-NULL), else 0.
+    WhereSummed,
+    /// Anything else: summed (their product times 0.0).
+    Summed(Expr),
+}
+
+impl Zeros {
+    /// The zeros of a gate with the rest's factors `outside` it and
+    /// `inside` it.
+    fn of(outside: &[Expr], inside: &[Expr]) -> Zeros {
+        if outside.is_empty() {
+            return Zeros::None;
+        }
+        let guarded: Vec<&Expr> = outside
+            .iter()
+            .filter_map(|f| match f {
+                Expr::Case(Case {
+                    expr: None,
+                    when_then_expr,
+                    else_expr: Some(one),
+                }) if matches!(one.as_ref(), Expr::Literal(ScalarValue::Float64(Some(v)), _) if *v == 1.0) => {
+                    null_tested(when_then_expr)
+                }
+                _ => None,
+            })
+            .collect();
+        match guarded.len() == outside.len() && inside.iter().all(|f| guarded.contains(&f)) {
+            true => Zeros::WhereSummed,
+            false => Zeros::Summed(product(outside.to_vec())),
+        }
+    }
 }
 
 /// A block's partials summed per row of its target leaf.
@@ -369,26 +508,71 @@ pub(super) fn summed_per_row(
     // then run over the rest's rows and the adjoints), else the target's
     // rows (its adjoints are then a factor of the target's).
     let seed_with_others = !seed_on_others.is_empty();
-    // Each partial as (the target's factor, the rest's).
+    // Each partial as the target's factors and the rest's.
+    let side = |f: &Expr| -> Option<Part> {
+        let reads = Reads::of(f, sides);
+        let on_target = reads.leaves & mine_bit != 0 || (reads.seed && !seed_with_others);
+        let on_rest = reads.leaves & others_bits != 0 || (reads.seed && seed_with_others);
+        match (on_target, on_rest) {
+            _ if reads.other => None,
+            (true, true) => None,
+            (true, false) => Some(Part::Target),
+            (false, _) => Some(Part::Rest),
+        }
+    };
     let mut split = Vec::with_capacity(partials.len());
     for (_, partial) in partials {
-        let mut all = vec![];
-        if partial.is_volatile() || factors(partial, &seeded, &mut all)?.is_none() {
+        let (mut all, mut gate) = (vec![], None);
+        if partial.is_volatile() || factors(partial, &seeded, &mut all, Some(&mut gate))?.is_none()
+        {
             return Ok(None);
+        }
+        // A gate that reads one side is a factor of that side.
+        if let Some(g) = gate.take() {
+            match side(&g.whole) {
+                Some(_) => all.push(g.whole),
+                None => gate = Some(g),
+            }
         }
         let (mut mine, mut theirs) = (vec![], vec![]);
         for f in all {
-            let reads = Reads::of(&f, sides);
-            let on_target = reads.leaves & mine_bit != 0 || (reads.seed && !seed_with_others);
-            let on_rest = reads.leaves & others_bits != 0 || (reads.seed && seed_with_others);
-            match (on_target, on_rest) {
-                _ if reads.other => return Ok(None),
-                (true, true) => return Ok(None),
-                (true, false) => mine.push(f),
-                (false, _) => theirs.push(f),
+            match side(&f) {
+                Some(Part::Target) => mine.push(f),
+                Some(Part::Rest) => theirs.push(f),
+                None => return Ok(None),
             }
         }
-        split.push((product(mine), product(theirs)));
+        let gate = match gate {
+            None => None,
+            Some(g) => {
+                // The condition on the target's row alone (or on none).
+                if g.when.column_refs().is_empty() || side(&g.when) == Some(Part::Target) {
+                    let (mut inner_mine, mut inner_theirs) = (vec![], vec![]);
+                    for f in g.inner {
+                        match side(&f) {
+                            Some(Part::Target) => inner_mine.push(f),
+                            Some(Part::Rest) => inner_theirs.push(f),
+                            None => return Ok(None),
+                        }
+                    }
+                    let zeros = Zeros::of(&theirs, &inner_theirs);
+                    let theirs = product(theirs.iter().cloned().chain(inner_theirs).collect());
+                    Some(SplitGate {
+                        when: g.when,
+                        mine: product(inner_mine),
+                        theirs,
+                        zeros,
+                    })
+                } else {
+                    return Ok(None);
+                }
+            }
+        };
+        split.push(Split {
+            mine: product(mine),
+            theirs: product(theirs),
+            gate,
+        });
     }
     // The rest's rows that can join: their own conditions, and keys not
     // NULL where NULL matches nothing (then every key pair can match NULL
@@ -505,18 +689,32 @@ pub(super) fn summed_per_row(
             .iter()
             .map(|(_, j)| Placeholder::Key.column(*j)),
     );
-    // Two factors may be the same expression (`1.0` where a side has no
-    // value of its own): the second sum is named apart.
+    // Each partial's sums: the rest's factors (outside a gate and in it),
+    // and where a gate's zeros need one, the zeros. Two sums may be the
+    // same expression (`1.0` where a side has no value of its own): the
+    // second is named apart.
     let mut named = HashSet::new();
-    let sums = split
+    let mut sums = vec![];
+    let mut add = |total: Expr| {
+        let k = sums.len();
+        let name = total.schema_name().to_string();
+        sums.push(match named.insert(name) {
+            true => total,
+            false => total.alias(Placeholder::Contracted.name(k)),
+        });
+        k
+    };
+    let at: Vec<(usize, Option<usize>)> = split
         .iter()
-        .enumerate()
-        .map(|(k, (_, theirs))| {
-            let total = sum(theirs.clone());
-            let name = total.schema_name().to_string();
-            match named.insert(name) {
-                true => total,
-                false => total.alias(Placeholder::Contracted.name(k)),
+        .map(|s| match &s.gate {
+            None => (add(sum(s.theirs.clone())), None),
+            Some(g) => {
+                let summed = add(sum(g.theirs.clone()));
+                let zeros = match &g.zeros {
+                    Zeros::Summed(outside) => Some(add(sum(outside.clone() * lit(0.0)))),
+                    _ => None,
+                };
+                (summed, zeros)
             }
         })
         .collect();
@@ -536,9 +734,9 @@ pub(super) fn summed_per_row(
         })
         .collect();
     let contracted = LogicalPlan::Projection(Projection::try_new(names, Arc::new(contracted))?);
-    if let Some(identity) =
-        identity.filter(|_| split.len() == 1 && (seed.is_none() || seed_with_others))
-    {
+    if let Some(identity) = identity.filter(|_| {
+        split.len() == 1 && split[0].gate.is_none() && (seed.is_none() || seed_with_others)
+    }) {
         let keys: Vec<Expr> = (on.iter().map(|p| p.1.clone()))
             .chain(seed_on_mine.iter().map(|(k, _)| k.clone()))
             .collect();
@@ -561,7 +759,7 @@ pub(super) fn summed_per_row(
                 .collect();
             exprs.push(Placeholder::Contracted.column(0).alias(GRADIENT));
             let sums = LogicalPlan::Projection(Projection::try_new(exprs, Arc::new(contracted))?);
-            let factor = split.remove(0).0;
+            let factor = split.remove(0).mine;
             let factor = match conjunction(on_mine) {
                 Some(c) => Expr::Case(Case::new(
                     None,
@@ -582,8 +780,32 @@ pub(super) fn summed_per_row(
         .collect();
     let met = join_nulls_equal(mine, contracted, on, JoinType::Inner)?;
     let mut exprs = columns(&sides[t].rows);
-    for (n, ((name, _), (mine, _))) in partials.iter().zip(split).enumerate() {
-        exprs.push((mine * Placeholder::Contracted.column(n)).alias(name));
+    for (((name, _), s), (summed, zeros)) in partials.iter().zip(split).zip(at) {
+        let summed = Placeholder::Contracted.column(summed);
+        let per_row = match s.gate {
+            None => summed,
+            Some(g) => {
+                let zeros = match (g.zeros, zeros) {
+                    (Zeros::None, _) => lit(0.0),
+                    (Zeros::WhereSummed, _) => Expr::Case(Case::new(
+                        None,
+                        vec![(
+                            Box::new(summed.clone().is_null()),
+                            Box::new(lit(ScalarValue::Float64(None))),
+                        )],
+                        Some(Box::new(lit(0.0))),
+                    )),
+                    (Zeros::Summed(_), Some(k)) => Placeholder::Contracted.column(k),
+                    (Zeros::Summed(_), None) => unreachable!("the zeros summed"),
+                };
+                Expr::Case(Case::new(
+                    None,
+                    vec![(Box::new(g.when), Box::new(g.mine * summed))],
+                    Some(Box::new(zeros)),
+                ))
+            }
+        };
+        exprs.push((s.mine * per_row).alias(name));
     }
     Ok(Some(PerRow::Rows(LogicalPlan::Projection(
         Projection::try_new(exprs, Arc::new(met))?,
