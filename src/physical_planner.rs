@@ -371,15 +371,21 @@ pub struct GroupJoinPlanner;
 impl ExtensionPlanner for GroupJoinPlanner {
     async fn plan_extension(
         &self,
-        _planner: &dyn PhysicalPlanner,
+        planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
-        _logical_inputs: &[&LogicalPlan],
+        logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
-        _planning_ctx: &PhysicalPlanningContext,
+        session: &dyn Session,
+        planning_ctx: &PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let Some(node) = node.as_any().downcast_ref::<GroupJoin>() else {
             return Ok(None);
+        };
+        let keep = match (&node.keep, logical_inputs.first()) {
+            (Some(keep), Some(rows)) => {
+                Some(planner.create_physical_expr(keep, rows.schema(), session, planning_ctx)?)
+            }
+            _ => None,
         };
         let [rows, contributions, scaled @ ..] = physical_inputs else {
             return internal_err!("GroupJoin has two inputs or more");
@@ -398,6 +404,7 @@ impl ExtensionPlanner for GroupJoinPlanner {
                 })
             },
             identity: node.identity.clone(),
+            keep,
             schema,
             metrics: ExecutionPlanMetricsSet::new(),
         })))

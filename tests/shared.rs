@@ -185,10 +185,11 @@ async fn explain_analyze_shows_what_a_shared_subplans_operators_did() -> Result<
 
 /// `EXPLAIN ANALYZE` of a training loop shows the figures of what every
 /// iteration ran (each runs a fresh copy of the recursive term, as
-/// DataFusion's recursive query does), summed: the filter of the loop's
-/// rows passed 6 rows in each of three iterations and none in the fourth,
-/// which ends the loop; the forward product, a shared subplan over the
-/// rows, made its 12 groups in each of the four.
+/// DataFusion's recursive query does), summed: the group join of the
+/// gradients into the loop's rows kept (`WHERE step < 3`) 6 rows in each
+/// of three iterations and none in the fourth, which ends the loop; the
+/// forward product, a shared subplan over the rows, made its 12 groups in
+/// each of the four.
 #[tokio::test]
 async fn explain_analyze_sums_a_loops_iterations() -> Result<()> {
     let ctx = session().await?;
@@ -204,7 +205,7 @@ async fn explain_analyze_sums_a_loops_iterations() -> Result<()> {
     let batches = ctx.sql(sql).await?.collect().await?;
     let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)?.to_string();
     assert!(
-        text.contains("FilterExec: step@0 < 3, metrics=[output_rows=18, "),
+        text.contains("GroupJoinExec: keep=step@0 < 3, metrics=[output_rows=18, "),
         "{text}"
     );
     assert!(text.contains("(ContractionExec[rows=48, "), "{text}");

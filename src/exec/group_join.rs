@@ -5,10 +5,12 @@
 
 use std::sync::Arc;
 
+use std::fmt;
+
 use datafusion::arrow::array::{
-    new_empty_array, Array, ArrayRef, AsArray, Float64Array, RecordBatch,
+    new_empty_array, Array, ArrayRef, AsArray, BooleanArray, Float64Array, RecordBatch,
 };
-use datafusion::arrow::compute::concat;
+use datafusion::arrow::compute::{concat, filter_record_batch, prep_null_mask_filter};
 use datafusion::arrow::datatypes::Float64Type;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::common::runtime::SpawnedTask;
@@ -16,10 +18,12 @@ use datafusion::common::{internal_err, DataFusionError};
 use datafusion::error::Result;
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{BaselineMetrics, ExecutionPlanMetricsSet, Time};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
-    collect, ExecutionPlan, ExecutionPlanProperties, PlanProperties, SendableRecordBatchStream,
+    collect, DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, PlanProperties,
+    SendableRecordBatchStream,
 };
 use futures::future::try_join_all;
 use futures::{StreamExt, TryStreamExt};
@@ -40,12 +44,24 @@ pub struct GroupJoinExec {
     pub(crate) duplicate: Arc<Duplicate>,
     /// The columns of `rows` that are the identity.
     pub(crate) identity: Vec<usize>,
+    /// A condition on the rows: only those where it holds are output, and
+    /// where it holds on none nothing is summed (see the logical node's
+    /// `keep`).
+    pub(crate) keep: Option<Arc<dyn PhysicalExpr>>,
     pub(crate) schema: SchemaRef,
     pub(crate) properties: Arc<PlanProperties>,
     pub(crate) metrics: ExecutionPlanMetricsSet,
 }
 
-kit::display_name!(GroupJoinExec);
+impl DisplayAs for GroupJoinExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "GroupJoinExec")?;
+        match &self.keep {
+            Some(keep) => write!(f, ": keep={keep}"),
+            None => Ok(()),
+        }
+    }
+}
 
 impl ExecutionPlan for GroupJoinExec {
     kit::own_properties!();
@@ -83,6 +99,7 @@ impl ExecutionPlan for GroupJoinExec {
             scaled: children.collect(),
             duplicate: Arc::clone(&self.duplicate),
             identity: self.identity.clone(),
+            keep: self.keep.clone(),
             schema: Arc::clone(&self.schema),
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
@@ -105,12 +122,34 @@ impl ExecutionPlan for GroupJoinExec {
         );
         let scaled = self.scaled.clone();
         let identity = self.identity.clone();
+        let keep = self.keep.clone();
         let metrics = BaselineMetrics::new(&self.metrics, partition);
         let out = Arc::clone(&schema);
         let output = async move {
             let reservation = MemoryConsumer::new("GroupJoinExec").register(context.memory_pool());
             let rows_schema = rows.schema();
             let batches = collect(rows, Arc::clone(&context)).await?;
+            // Each batch's rows kept (`None`: all of them).
+            let kept = match &keep {
+                Some(keep) => {
+                    let _timer = metrics.elapsed_compute().timer();
+                    batches
+                        .iter()
+                        .map(|b| kept(keep, b).map(Some))
+                        .collect::<Result<Vec<_>>>()?
+                }
+                None => vec![None; batches.len()],
+            };
+            let none_kept = keep.is_some()
+                && kept
+                    .iter()
+                    .all(|k| k.as_ref().is_some_and(|k| k.true_count() == 0));
+            if none_kept {
+                // As a join of no rows: the other side is not read.
+                metrics.done();
+                let none: Vec<Result<RecordBatch>> = vec![];
+                return Ok::<_, DataFusionError>(futures::stream::iter(none).boxed());
+            }
             let size = batches.iter().map(RecordBatch::get_array_memory_size).sum();
             reservation.try_grow(size)?;
             let count = batches.iter().map(RecordBatch::num_rows).sum();
@@ -150,25 +189,45 @@ impl ExecutionPlan for GroupJoinExec {
                     }
                 }
             }
-            metrics.record_output(count);
+            let output_rows = kept.iter().zip(&batches).map(|(k, b)| match k {
+                Some(k) => k.true_count(),
+                None => b.num_rows(),
+            });
+            metrics.record_output(output_rows.sum());
             metrics.done();
-            // Each batch of rows as read, with its rows' gradients (copied:
-            // slices of one large array each count as all of it in a
-            // consumer's memory accounting).
+            // Each batch of rows as read (those kept), with its rows'
+            // gradients (copied: slices of one large array each count as
+            // all of it in a consumer's memory accounting).
             let gradients = std::mem::take(&mut total.values);
             let mut start = 0;
-            let batches = batches.into_iter().map(move |b| {
+            let batches = batches.into_iter().zip(kept).map(move |(b, kept)| {
                 let end = start + b.num_rows();
                 let mut columns = b.columns()[..visible].to_vec();
                 columns.push(Arc::new(Float64Array::from(gradients[start..end].to_vec())));
                 start = end;
-                Ok(RecordBatch::try_new(Arc::clone(&out), columns)?)
+                let batch = RecordBatch::try_new(Arc::clone(&out), columns)?;
+                Ok(match kept {
+                    Some(kept) => filter_record_batch(&batch, &kept)?,
+                    None => batch,
+                })
             });
-            Ok::<_, DataFusionError>(futures::stream::iter(batches))
+            Ok::<_, DataFusionError>(futures::stream::iter(batches).boxed())
         };
         let stream = futures::stream::once(output).try_flatten();
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+/// The rows of `batch` where `keep` holds (NULL: not kept).
+fn kept(keep: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanArray> {
+    let holds = keep.evaluate(batch)?.into_array(batch.num_rows())?;
+    let Some(holds) = holds.as_boolean_opt() else {
+        return internal_err!("a group join's condition is a boolean");
+    };
+    Ok(match holds.null_count() {
+        0 => holds.clone(),
+        _ => prep_null_mask_filter(holds),
+    })
 }
 
 /// The contributions of every partition of `plan` summed per parameter row

@@ -29,6 +29,7 @@ use datafusion::common::{internal_err, Column, NullEquality};
 use datafusion::error::Result;
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_rewriter::NamePreserver;
+use datafusion::logical_expr::utils::conjunction;
 use datafusion::logical_expr::{
     lit, Expr, Join, JoinConstraint, JoinType, LogicalPlan, Projection, Subquery, SubqueryAlias,
 };
@@ -79,16 +80,18 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
     for (t, (_, _, table, identity, relation)) in found.tables.into_iter().enumerate() {
         let qualifier = gradient_table_qualifier(t);
         passed.push(Expr::Column(Column::new(Some(qualifier.clone()), GRADIENT)));
-        // The rows are the parameter relation's own: summed into them.
-        if plan == relation {
+        // The rows are the parameter relation's own (maybe filtered: a
+        // training loop's `WHERE step < n`): summed into them.
+        if let Some(keep) = filtering(&plan, &relation) {
             let positions = identity
                 .iter()
                 .map(|e| match e {
-                    Expr::Column(c) => plan.schema().index_of_column(c),
+                    Expr::Column(c) => relation.schema().index_of_column(c),
                     _ => internal_err!("an identity column"),
                 })
                 .collect::<Result<Vec<_>>>()?;
-            if let Some(joined) = GroupJoin::joined(&table, &plan, positions, qualifier.clone())? {
+            let joined = GroupJoin::joined(&table, &relation, positions, qualifier.clone(), keep)?;
+            if let Some(joined) = joined {
                 plan = joined;
                 continue;
             }
@@ -129,6 +132,24 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
     }
     let plan = LogicalPlan::Projection(Projection::try_new(passed, Arc::new(plan))?);
     node.with_new_exprs(exprs, vec![plan])
+}
+
+/// Where `plan` is `relation` under filters (none or several, none
+/// volatile): `Some` of their conditions (`None` for no filter); else
+/// `None`.
+fn filtering(plan: &LogicalPlan, relation: &LogicalPlan) -> Option<Option<Expr>> {
+    let (mut plan, mut conditions) = (plan, vec![]);
+    while plan != relation {
+        let LogicalPlan::Filter(f) = plan else {
+            return None;
+        };
+        if f.predicate.is_volatile() {
+            return None;
+        }
+        conditions.push(f.predicate.clone());
+        plan = &f.input;
+    }
+    Some(conjunction(conditions))
 }
 
 /// A `WHERE` clause or aggregate whose derivatives need gradient tables,

@@ -26,6 +26,15 @@
 //! (`__dfgrad_factor{i}`, not in its output); the plain form ([`met`])
 //! is the join.
 //!
+//! Where the rows a marker is over are the parameter rows themselves, maybe
+//! filtered (a training loop's `FROM train WHERE step < n`), the group
+//! join's output is those rows with their gradients ([`GroupJoin::joined`]),
+//! not the gradient table joined back to them: the table is still over
+//! every parameter row (a repeated identity fails, even one the filter
+//! drops), the rows where the filter holds are output, and where it holds
+//! on none nothing is summed, as the join of no rows would not read the
+//! table.
+//!
 //! ```sql
 //! -- the gradient table of mm_loss with respect to x's rows: one group per row of x
 //! SELECT n, d, grad((SELECT loss FROM mm_loss), v) FROM x;
@@ -73,6 +82,11 @@ pub(crate) struct GroupJoin {
     /// gradient table; else the output is `rows` with the gradient as a
     /// column of this relation, as if joined to the gradient table.
     pub(crate) joined_as: Option<TableReference>,
+    /// With `joined_as`, a condition on the rows: only the rows where it
+    /// holds are output, as if they were filtered before the join — and
+    /// where it holds on none, the gradient table is not computed (as a
+    /// join whose rows are none does not read the other side).
+    pub(crate) keep: Option<Expr>,
     /// The parameter relation and its identity columns, as messages name them.
     pub(crate) names: (String, Vec<String>),
     pub(crate) schema: DFSchemaRef,
@@ -134,6 +148,7 @@ impl GroupJoin {
             scaled: scaled.into_iter().map(|s| s.sums).collect(),
             factors,
             joined_as: None,
+            keep: None,
             names: (relation.to_string(), identity.to_vec()),
             schema: Arc::new(DFSchema::empty()),
         }
@@ -143,12 +158,15 @@ impl GroupJoin {
     /// When `table` is a [`GroupJoin`]'s gradient table and `rows` are the
     /// parameter rows themselves (with the identity in columns
     /// `identity`): `rows` left-joined to the table under the name
-    /// `joined_as`, as one group join (no join, no second hash table).
+    /// `joined_as`, as one group join (no join, no second hash table);
+    /// with `keep`, the rows where it holds, as `rows` filtered by it and
+    /// left-joined to the table.
     pub fn joined(
         table: &LogicalPlan,
         rows: &LogicalPlan,
         identity: Vec<usize>,
         joined_as: TableReference,
+        keep: Option<Expr>,
     ) -> Result<Option<LogicalPlan>> {
         let Some(g) = as_group_join(table) else {
             return Ok(None);
@@ -160,6 +178,7 @@ impl GroupJoin {
             rows: with_factors(rows, columns(rows), &g.factors)?,
             identity,
             joined_as: Some(joined_as),
+            keep,
             ..g.clone()
         }
         .into_plan()
@@ -237,7 +256,13 @@ impl GroupJoin {
                 (key.unalias(), Expr::Column(table_key))
             })
             .collect();
-        let joined = left_join_by_identity(self.rows.clone(), table, on)?;
+        let rows = match &self.keep {
+            Some(keep) => LogicalPlanBuilder::from(self.rows.clone())
+                .filter(keep.clone())?
+                .build()?,
+            None => self.rows.clone(),
+        };
+        let joined = left_join_by_identity(rows, table, on)?;
         let mut exprs = columns(&self.rows);
         exprs.truncate(self.visible());
         exprs.push(Expr::Column(Column::new(Some(joined_as.clone()), GRADIENT)));
@@ -374,15 +399,17 @@ impl UserDefinedLogicalNodeCore for GroupJoin {
         &self.schema
     }
 
+    /// The condition on the rows, if any.
     fn expressions(&self) -> Vec<Expr> {
-        vec![]
+        self.keep.iter().cloned().collect()
     }
 
     fn with_exprs_and_inputs(&self, exprs: Vec<Expr>, inputs: Vec<LogicalPlan>) -> Result<Self> {
-        if !exprs.is_empty() || inputs.len() != 2 + self.scaled.len() {
+        if exprs.len() != self.keep.iter().len() || inputs.len() != 2 + self.scaled.len() {
             return internal_err!(
-                "GroupJoin takes {} input plans and no expressions",
-                2 + self.scaled.len()
+                "GroupJoin takes {} input plans and {} expressions",
+                2 + self.scaled.len(),
+                self.keep.iter().len()
             );
         }
         let mut inputs = inputs.into_iter();
@@ -390,11 +417,17 @@ impl UserDefinedLogicalNodeCore for GroupJoin {
             rows: inputs.next().expect("rows"),
             contributions: inputs.next().expect("contributions"),
             scaled: inputs.collect(),
+            // (An optimizer's rewrite may alias it to its old name.)
+            keep: exprs.into_iter().next().map(Expr::unalias),
             ..self.clone()
         })
     }
 
     fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "GroupJoin: gradient of `{}`'s rows", self.names.0)
+        write!(f, "GroupJoin: gradient of `{}`'s rows", self.names.0)?;
+        match &self.keep {
+            Some(keep) => write!(f, ", where {keep}"),
+            None => Ok(()),
+        }
     }
 }
