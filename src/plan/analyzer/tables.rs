@@ -135,15 +135,27 @@ pub(crate) fn through_tables(node: LogicalPlan) -> Result<LogicalPlan> {
 }
 
 /// Where `plan` is `relation` under filters (none or several, none
-/// volatile): `Some` of their conditions (`None` for no filter); else
-/// `None`.
+/// volatile, none with a subquery, an outer column or a parameter, which
+/// DataFusion plans only in a filter): `Some` of their conditions (`None`
+/// for no filter); else `None`.
 fn filtering(plan: &LogicalPlan, relation: &LogicalPlan) -> Option<Option<Expr>> {
     let (mut plan, mut conditions) = (plan, vec![]);
     while plan != relation {
         let LogicalPlan::Filter(f) = plan else {
             return None;
         };
-        if f.predicate.is_volatile() {
+        let planned_in_filters = f.predicate.exists(|e| {
+            Ok(matches!(
+                e,
+                Expr::ScalarSubquery(_)
+                    | Expr::Exists(_)
+                    | Expr::InSubquery(_)
+                    | Expr::SetComparison(_)
+                    | Expr::OuterReferenceColumn(..)
+                    | Expr::Placeholder(_)
+            ))
+        });
+        if f.predicate.is_volatile() || planned_in_filters.unwrap_or(true) {
             return None;
         }
         conditions.push(f.predicate.clone());
