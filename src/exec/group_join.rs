@@ -3,9 +3,8 @@
 //! builds a hash table (or a dense index, [`super::row_index`]) over the
 //! rows' identities and sums every contribution into its row.
 
-use std::sync::Arc;
-
 use std::fmt;
+use std::sync::Arc;
 
 use datafusion::arrow::array::{
     new_empty_array, Array, ArrayRef, AsArray, BooleanArray, Float64Array, RecordBatch,
@@ -135,7 +134,7 @@ impl ExecutionPlan for GroupJoinExec {
                     let _timer = metrics.elapsed_compute().timer();
                     batches
                         .iter()
-                        .map(|b| kept(keep, b).map(Some))
+                        .map(|b| rows_kept(keep, b).map(Some))
                         .collect::<Result<Vec<_>>>()?
                 }
                 None => vec![None; batches.len()],
@@ -219,7 +218,7 @@ impl ExecutionPlan for GroupJoinExec {
 }
 
 /// The rows of `batch` where `keep` holds (NULL: not kept).
-fn kept(keep: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanArray> {
+fn rows_kept(keep: &Arc<dyn PhysicalExpr>, batch: &RecordBatch) -> Result<BooleanArray> {
     let holds = keep.evaluate(batch)?.into_array(batch.num_rows())?;
     let Some(holds) = holds.as_boolean_opt() else {
         return internal_err!("a group join's condition is a boolean");

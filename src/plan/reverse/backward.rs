@@ -527,10 +527,10 @@ fn summed(
 /// `a` are the partials themselves: the block reads `a` alone (its rows
 /// are `a`'s, filtered, each joined to at most one row of a seed that has
 /// one row per key) or `rows` are `a`'s rows each once (`once`: summed per
-/// row of `a` over the block, see `factored`), `a` has plain group keys (one output row per group;
-/// not grouping sets, and not none: an aggregate without groups gives a
-/// row of NULLs for no rows), and the partials are `Float64` (their sums'
-/// type).
+/// row of `a` over the block, see `factored`), `a` has plain group keys
+/// (one output row per group; not grouping sets, and not none: an aggregate
+/// without groups gives a row of NULLs for no rows), and the partials are
+/// `Float64` (their sums' type).
 fn own_rows(
     a: &Aggregate,
     alt: &Alternative,

@@ -237,16 +237,16 @@ fn factors(
         }
         if let Some(slot) = gate.as_deref_mut().filter(|g| g.is_none() && float) {
             if let Some((when, then)) = gated(when_then_expr, otherwise) {
+                // (Else the `CASE` is one factor, as any other.)
                 let mut inner = vec![];
-                if factors(&then, schema, &mut inner, None)?.is_none() {
-                    return Ok(None);
+                if factors(&then, schema, &mut inner, None)?.is_some() {
+                    *slot = Some(Gate {
+                        when,
+                        inner,
+                        whole: e.clone(),
+                    });
+                    return Ok(Some(()));
                 }
-                *slot = Some(Gate {
-                    when,
-                    inner,
-                    whole: e.clone(),
-                });
-                return Ok(Some(()));
             }
         }
     }
@@ -273,15 +273,34 @@ fn factors(
 }
 
 /// The NULL guard `CASE WHEN e IS NULL THEN NULL ELSE 1.0 END`: NULL where
-/// `e` is, else 1.
+/// `e` is, else 1 (recognised by [`guarded`]).
 fn guard(e: Expr) -> Expr {
+    null_or(e, 1.0)
+}
+
+/// `e` of a NULL guard made by [`guard`], or `None`.
+fn guarded(f: &Expr) -> Option<&Expr> {
+    match f {
+        Expr::Case(Case {
+            expr: None,
+            when_then_expr,
+            else_expr: Some(one),
+        }) if matches!(one.as_ref(), Expr::Literal(ScalarValue::Float64(Some(v)), _) if *v == 1.0) => {
+            null_tested(when_then_expr)
+        }
+        _ => None,
+    }
+}
+
+/// `CASE WHEN e IS NULL THEN NULL ELSE value END`.
+fn null_or(e: Expr, value: f64) -> Expr {
     Expr::Case(Case::new(
         None,
         vec![(
             Box::new(e.is_null()),
             Box::new(lit(ScalarValue::Float64(None))),
         )],
-        Some(Box::new(lit(1.0))),
+        Some(Box::new(lit(value))),
     ))
 }
 
@@ -384,19 +403,7 @@ impl Zeros {
         if outside.is_empty() {
             return Zeros::None;
         }
-        let guarded: Vec<&Expr> = outside
-            .iter()
-            .filter_map(|f| match f {
-                Expr::Case(Case {
-                    expr: None,
-                    when_then_expr,
-                    else_expr: Some(one),
-                }) if matches!(one.as_ref(), Expr::Literal(ScalarValue::Float64(Some(v)), _) if *v == 1.0) => {
-                    null_tested(when_then_expr)
-                }
-                _ => None,
-            })
-            .collect();
+        let guarded: Vec<&Expr> = outside.iter().filter_map(guarded).collect();
         match guarded.len() == outside.len() && inside.iter().all(|f| guarded.contains(&f)) {
             true => Zeros::WhereSummed,
             false => Zeros::Summed(product(outside.to_vec())),
@@ -787,14 +794,7 @@ pub(super) fn summed_per_row(
             Some(g) => {
                 let zeros = match (g.zeros, zeros) {
                     (Zeros::None, _) => lit(0.0),
-                    (Zeros::WhereSummed, _) => Expr::Case(Case::new(
-                        None,
-                        vec![(
-                            Box::new(summed.clone().is_null()),
-                            Box::new(lit(ScalarValue::Float64(None))),
-                        )],
-                        Some(Box::new(lit(0.0))),
-                    )),
+                    (Zeros::WhereSummed, _) => null_or(summed.clone(), 0.0),
                     (Zeros::Summed(_), Some(k)) => Placeholder::Contracted.column(k),
                     (Zeros::Summed(_), None) => unreachable!("the zeros summed"),
                 };
